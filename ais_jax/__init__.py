@@ -1,0 +1,1 @@
+"""ais_jax: FP8-rollout GRPO with Adaptive Importance Sampling in JAX."""

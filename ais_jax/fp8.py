@@ -1,0 +1,274 @@
+"""FP8 cast-and-scale: the `QuantArray` pytree, quantize / dequantize, the FP8 matmul, rollout params.
+
+The rollout copy of the policy stores its decoder-block linear weights as real
+1-byte float8 values plus a float32 scale; activations are quantized
+dynamically at the input of every such matmul (SPEC.md section 2).  All FP8
+arithmetic in `ais_jax` goes through this module.
+
+The matmul is written in the form XLA's GPU compiler rewrites into an FP8 GEMM
+on Hopper (convert f8 -> wide, multiply by a scalar scale, dot); on CPU the
+same program is an exact emulation of the FP8 rounding (never faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+E4M3 = jnp.float8_e4m3fn
+E5M2 = jnp.float8_e5m2
+FP8_DTYPES = {"e4m3": E4M3, "e5m2": E5M2}
+ACT_SCALINGS = ("tensor", "token")
+
+# Names of the decoder-block linear weights in the params tree (see model.py).
+BLOCK_LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+@struct.dataclass
+class QuantArray:
+    """A quantized tensor: ``value * scale`` approximates the original.
+
+    Attributes:
+      value: float8 values (1 byte each), any shape ``[..., out, in]`` for weights.
+      scale: float32 scale, broadcastable against ``value`` (keepdims layout):
+        ``[..., 1, 1]`` per tensor, ``[..., out, 1]`` per output channel.
+      act_scaling: how the matmul quantizes its activation input: ``"tensor"``
+        (one scale per activation tensor, the paper's recipe) or ``"token"``
+        (one scale per row, i.e. per token).  Static (not traced).
+    """
+
+    value: jax.Array
+    scale: jax.Array
+    act_scaling: str = struct.field(pytree_node=False, default="tensor")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def dtype(self) -> Any:
+        return self.value.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.value.ndim
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.value.nbytes + self.scale.nbytes)
+
+
+def fp8_max(dtype: Any = E4M3) -> float:
+    """Largest finite value of a float8 dtype (448 for E4M3, 57344 for E5M2)."""
+    return float(jnp.finfo(dtype).max)
+
+
+def _resolve_dtype(dtype: Any) -> Any:
+    if isinstance(dtype, str):
+        if dtype not in FP8_DTYPES:
+            raise ValueError(f"unknown fp8 format {dtype!r}; use one of {sorted(FP8_DTYPES)}")
+        return FP8_DTYPES[dtype]
+    if jnp.dtype(dtype) not in (jnp.dtype(E4M3), jnp.dtype(E5M2)):
+        raise ValueError(f"fp8 dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    return dtype
+
+
+def quantize(
+    x: jax.Array,
+    *,
+    dtype: Any = E4M3,
+    axes: int | Sequence[int] | None = None,
+    act_scaling: str = "tensor",
+) -> QuantArray:
+    """Dynamic cast-and-scale to FP8: ``scale = amax / fmax``, ``q = clip(x / scale)``.
+
+    Args:
+      x: array of any float dtype and shape.
+      dtype: ``jnp.float8_e4m3fn`` (default), ``jnp.float8_e5m2`` or ``"e4m3"`` / ``"e5m2"``.
+      axes: axes the amax is taken over (keepdims). ``None``: the whole tensor
+        (one scale). ``(-2, -1)`` on stacked weights ``[L, out, in]``: one scale
+        per layer. ``-1`` on ``[..., out, in]``: one scale per output channel.
+      act_scaling: stored on the result for `qdot` (``"tensor"`` or ``"token"``).
+
+    Returns:
+      `QuantArray` with float8 ``value`` (same shape as ``x``) and float32 ``scale``.
+      An all-zero slice gets scale 1 (never a division by zero); values are
+      clipped to the format's finite range before the cast, so no NaN appears
+      for finite inputs of any magnitude.
+    """
+    dtype = _resolve_dtype(dtype)
+    if act_scaling not in ACT_SCALINGS:
+        raise ValueError(f"act_scaling must be one of {ACT_SCALINGS}, got {act_scaling!r}")
+    fmax = fp8_max(dtype)
+    xf = x.astype(jnp.float32)
+    if axes is None:
+        axes = tuple(range(x.ndim))
+    amax = jnp.max(jnp.abs(xf), axis=axes, keepdims=True)
+    scale = jnp.where(amax > 0, amax / fmax, 1.0).astype(jnp.float32)
+    q = jnp.clip(xf / scale, -fmax, fmax).astype(dtype)
+    return QuantArray(value=q, scale=scale, act_scaling=act_scaling)
+
+
+def dequantize(q: QuantArray, dtype: Any = jnp.float32) -> jax.Array:
+    """``q.value * q.scale`` in ``dtype`` (same shape as ``q.value``)."""
+    return (q.value.astype(jnp.float32) * q.scale).astype(dtype)
+
+
+def cast_fp8(x: jax.Array, dtype: Any = E4M3) -> jax.Array:
+    """Plain saturating cast (no scaling): clip to the finite range, then cast.
+
+    This is the rounding in SPEC.md's golden example: ``[1.06, 1.00, 0.94]`` ->
+    ``[1.0, 1.0, 0.9375]``.
+    """
+    dtype = _resolve_dtype(dtype)
+    fmax = fp8_max(dtype)
+    return jnp.clip(x.astype(jnp.float32), -fmax, fmax).astype(dtype)
+
+
+def _contract_last(x: jax.Array, w: jax.Array, preferred: Any) -> jax.Array:
+    # x [..., in] . w [out, in] -> [..., out]: both operands contract their last
+    # axis (the "TN" layout cuBLASLt FP8 GEMMs want; fastest on XLA CPU too).
+    return jax.lax.dot_general(
+        x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=preferred
+    )
+
+
+def qdot(
+    x: jax.Array,
+    w: QuantArray,
+    *,
+    compute_dtype: Any = jnp.float32,
+    out_dtype: Any | None = None,
+) -> jax.Array:
+    """FP8 matmul ``x @ w.T`` with dynamic activation quantization.
+
+    The activation is quantized per tensor (or per token when
+    ``w.act_scaling == "token"``) to the weight's float8 format; the product of
+    the float8 operands accumulates in float32 and is rescaled by ``s_x * s_w``.
+    Scalar scales are applied to the converted operands before the dot, the
+    pattern XLA's GPU compiler fuses into one FP8 GEMM; per-token / per-channel
+    scales are applied to the float32 result (equal up to float32 rounding).
+
+    Args:
+      x: activations ``[..., in]`` (any float dtype).
+      w: quantized weight with ``value`` ``[out, in]`` and scale ``[1, 1]``
+        (per tensor) or ``[out, 1]`` (per channel).
+      compute_dtype: the wide type the float8 operands are converted to.
+      out_dtype: result dtype; defaults to ``x.dtype``.
+
+    Returns:
+      ``[..., out]`` in ``out_dtype``.
+    """
+    if w.value.ndim != 2:
+        raise ValueError(f"qdot expects a 2-D weight [out, in], got shape {w.value.shape}")
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    per_token = w.act_scaling == "token"
+    xq = quantize(x, dtype=w.value.dtype, axes=-1 if per_token else None)
+    xd = xq.value.astype(compute_dtype)
+    wd = w.value.astype(compute_dtype)
+    post = None
+    if per_token:
+        post = xq.scale[..., 0]  # [...]
+    else:
+        xd = xd * xq.scale.reshape(()).astype(compute_dtype)
+    w_per_tensor = w.scale.size == 1
+    if w_per_tensor:
+        wd = wd * w.scale.reshape(()).astype(compute_dtype)
+    y = _contract_last(xd, wd, jnp.float32)  # [..., out]
+    if not w_per_tensor:
+        y = y * w.scale[:, 0]
+    if post is not None:
+        y = y * post[..., None]
+    return y.astype(out_dtype)
+
+
+def linear(x: jax.Array, w: jax.Array | QuantArray, b: jax.Array | None = None) -> jax.Array:
+    """``x @ w.T + b`` for a full-precision or quantized weight ``w`` ``[out, in]``.
+
+    Full-precision weights multiply in ``x.dtype`` with float32 accumulation;
+    `QuantArray` weights go through `qdot`.  Returns ``[..., out]`` in ``x.dtype``.
+    """
+    if isinstance(w, QuantArray):
+        y = qdot(x, w, out_dtype=jnp.float32)
+    else:
+        y = _contract_last(x, w.astype(x.dtype), jnp.float32)
+    if b is not None:
+        y = y + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def quantize_weight(
+    w: jax.Array, *, dtype: Any = E4M3, weight_scaling: str = "tensor", act_scaling: str = "tensor"
+) -> QuantArray:
+    """Quantize a (possibly layer-stacked) weight ``[..., out, in]``.
+
+    ``weight_scaling="tensor"`` gives one scale per ``[out, in]`` matrix,
+    ``"channel"`` one per output row.
+    """
+    if weight_scaling == "tensor":
+        axes: tuple[int, ...] = (-2, -1)
+    elif weight_scaling == "channel":
+        axes = (-1,)
+    else:
+        raise ValueError(f"weight_scaling must be 'tensor' or 'channel', got {weight_scaling!r}")
+    return quantize(w, dtype=dtype, axes=axes, act_scaling=act_scaling)
+
+
+def to_rollout_params(
+    params: dict,
+    *,
+    dtype: Any = E4M3,
+    quantize_lm_head: bool = False,
+    weight_scaling: str = "tensor",
+    act_scaling: str = "tensor",
+) -> dict:
+    """The FP8 rollout copy of trainer params (re-run at every weight sync).
+
+    Decoder-block linear weights (``params["layers"][name]`` for ``name`` in
+    `BLOCK_LINEARS`, stacked ``[L, out, in]``) become `QuantArray`s with real
+    1-byte float8 values and a float32 scale per layer (or per channel).
+    Embeddings, norms and biases are kept as they are.  With
+    ``quantize_lm_head=True`` the output projection is quantized too (for tied
+    embeddings a quantized ``lm_head`` copy of the embedding is added; the
+    embedding lookup stays full precision).
+
+    Args:
+      params: trainer params (see `ais_jax.model.init_params`).
+      dtype: float8 format (E4M3 default; E5M2 as an option).
+      quantize_lm_head: also quantize the output projection.
+      weight_scaling: ``"tensor"`` (paper) or ``"channel"``.
+      act_scaling: ``"tensor"`` (paper; one activation scale per matmul input
+        tensor) or ``"token"`` (one per row).
+
+    Returns:
+      A new params dict of the same structure (plus ``lm_head`` when tied and
+      ``quantize_lm_head``); the input is not modified.
+    """
+    dtype = _resolve_dtype(dtype)
+    if act_scaling not in ACT_SCALINGS:
+        raise ValueError(f"act_scaling must be one of {ACT_SCALINGS}, got {act_scaling!r}")
+    if "layers" not in params:
+        raise ValueError("params has no 'layers' entry; expected a tree from ais_jax.model")
+    q = lambda w: quantize_weight(  # noqa: E731
+        w, dtype=dtype, weight_scaling=weight_scaling, act_scaling=act_scaling
+    )
+    layers = dict(params["layers"])
+    for name in BLOCK_LINEARS:
+        if name in layers and not isinstance(layers[name], QuantArray):
+            layers[name] = q(layers[name])
+    out = dict(params)
+    out["layers"] = layers
+    if quantize_lm_head:
+        head = params.get("lm_head", params["embed"])
+        if not isinstance(head, QuantArray):
+            out["lm_head"] = q(head)
+    return out
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Total bytes of all array leaves (a `QuantArray` counts values plus scales)."""
+    return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree))

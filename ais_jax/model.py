@@ -1,0 +1,351 @@
+"""Llama / Qwen2 / Qwen3 decoder as pure functions of a params pytree.
+
+One layer function serves the full-sequence forward (log-probs, training) and
+the KV-cached prefill / decode steps (sampling), for full-precision params and
+for the FP8 rollout copy from `ais_jax.fp8.to_rollout_params` alike.
+
+Params layout (layers stacked on a leading ``L`` axis, weights ``[out, in]`` as
+in Hugging Face checkpoints)::
+
+    embed        [V, D]
+    layers/
+      attn_norm  [L, D]          mlp_norm [L, D]
+      wq [L, Q*H, D]  wk [L, K*H, D]  wv [L, K*H, D]  wo [L, D, Q*H]
+      bq [L, Q*H]  bk [L, K*H]  bv [L, K*H]        (qkv_bias, Qwen2)
+      bo [L, D]                                     (o_bias)
+      q_norm [L, H]  k_norm [L, H]                  (qk_norm, Qwen3)
+      w_gate [L, F, D]  w_up [L, F, D]  w_down [L, D, F]
+    final_norm   [D]
+    lm_head      [V, D]          (absent when tie_embeddings)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ais_jax.fp8 import QuantArray, linear, qdot
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Static, hashable decoder config (pass as a static argument to `jax.jit`)."""
+
+    vocab_size: int  # V
+    hidden_size: int  # D
+    intermediate_size: int  # F
+    num_layers: int  # L
+    num_heads: int  # Q
+    num_kv_heads: int  # K (== Q for MHA)
+    head_dim: int  # H (may differ from D // Q)
+    arch: str = "llama"  # llama | qwen2 | qwen3 (documentation; flags below decide)
+    rope_theta: float = 10000.0
+    # Llama-3 rope scaling as (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings), or ("linear", factor) style None.
+    rope_scaling: tuple[float, float, float, int] | None = None
+    rope_linear_factor: float = 1.0  # "linear" rope scaling (positions / factor)
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    o_bias: bool = False  # Llama / Qwen3 attention_bias=True
+    mlp_bias: bool = False  # Llama mlp_bias=True
+    qk_norm: bool = False  # Qwen3 per-head RMSNorm on q and k
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None  # first EOS id (see eos_token_ids)
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        D, F, H, Q, K, V = (self.hidden_size, self.intermediate_size, self.head_dim,
+                            self.num_heads, self.num_kv_heads, self.vocab_size)
+        per_layer = 2 * D + D * Q * H * 2 + D * K * H * 2 + 3 * D * F
+        per_layer += (Q * H + 2 * K * H) * self.qkv_bias + D * self.o_bias + 2 * H * self.qk_norm
+        return V * D * (1 if self.tie_embeddings else 2) + D + self.num_layers * per_layer
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys and values for cached decoding.
+
+    Attributes:
+      k: ``[L, B, S, K, H]`` keys (rotary already applied).
+      v: ``[L, B, S, K, H]`` values.
+      valid: ``[B, S]`` bool, True where a slot holds a real (non-padding) token.
+      pos: ``[B]`` int32, rotary position of the next token of each row.
+      index: int32 scalar, the next cache slot to write (same for all rows).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    pos: jax.Array
+    index: jax.Array
+
+
+def init_params(key: jax.Array, cfg: ModelConfig, dtype: Any = jnp.float32) -> dict:
+    """Random params for training from scratch (normal(0, 0.02), unit norms, zero biases).
+
+    Args:
+      key: PRNG key.
+      cfg: model config.
+      dtype: parameter dtype (float32 master weights, or bfloat16).
+
+    Returns:
+      Params pytree in the layout of this module's docstring.
+    """
+    D, F, H, Q, K, V, L = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim,
+                           cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.num_layers)
+    keys = iter(jax.random.split(key, 16))
+    std = 0.02
+
+    def normal(shape: tuple[int, ...], scale: float = std) -> jax.Array:
+        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    out_std = std / math.sqrt(2 * L)  # GPT-2 style residual-projection scaling
+    layers = {
+        "attn_norm": jnp.ones((L, D), dtype),
+        "mlp_norm": jnp.ones((L, D), dtype),
+        "wq": normal((L, Q * H, D)),
+        "wk": normal((L, K * H, D)),
+        "wv": normal((L, K * H, D)),
+        "wo": normal((L, D, Q * H), out_std),
+        "w_gate": normal((L, F, D)),
+        "w_up": normal((L, F, D)),
+        "w_down": normal((L, D, F), out_std),
+    }
+    if cfg.qkv_bias:
+        layers |= {"bq": jnp.zeros((L, Q * H), dtype), "bk": jnp.zeros((L, K * H), dtype),
+                   "bv": jnp.zeros((L, K * H), dtype)}
+    if cfg.o_bias:
+        layers["bo"] = jnp.zeros((L, D), dtype)
+    if cfg.mlp_bias:
+        layers |= {"b_gate": jnp.zeros((L, F), dtype), "b_up": jnp.zeros((L, F), dtype),
+                   "b_down": jnp.zeros((L, D), dtype)}
+    if cfg.qk_norm:
+        layers |= {"q_norm": jnp.ones((L, H), dtype), "k_norm": jnp.ones((L, H), dtype)}
+    params = {"embed": normal((V, D)), "layers": layers, "final_norm": jnp.ones((D,), dtype)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal((V, D))
+    return params
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, result in ``x.dtype`` (as Hugging Face Llama does)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (w.astype(jnp.float32) * xf.astype(x.dtype).astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """Rotary inverse frequencies ``[H/2]`` float32, with Llama-3 scaling if configured."""
+    H = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    if cfg.rope_scaling is not None:
+        factor, low, high, orig = cfg.rope_scaling
+        low_wavelen, high_wavelen = orig / low, orig / high
+        wavelen = 2 * math.pi / inv
+        smooth = (orig / wavelen - low) / (high - low)
+        scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = jnp.where(is_mid, mid, scaled)
+    return inv / cfg.rope_linear_factor
+
+
+def apply_rope(x: jax.Array, pos: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotate ``x`` ``[B, T, N, H]`` at integer positions ``pos`` ``[B, T]`` (half-split layout)."""
+    ang = pos.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]  # [B, T, 1, H]
+    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rot = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rot * sin
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention, softmax in float32.
+
+    q ``[B, T, Q, H]``, k / v ``[B, S, K, H]``, mask ``[B, T, S]`` bool -> ``[B, T, Q*H]``.
+    """
+    B, T, Qn, H = q.shape
+    Kn = k.shape[2]
+    q = q.reshape(B, T, Kn, Qn // Kn, H)  # [B, T, K, G, H]
+    s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    s = s / math.sqrt(H)
+    s = jnp.where(mask[:, None, None], s, -1e30)
+    p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
+    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None):
+    """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)) with k/v [B, S, K, H]."""
+    B, T, _ = x.shape
+    Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    q = linear(h, lp["wq"], lp.get("bq")).reshape(B, T, Q, H)
+    k = linear(h, lp["wk"], lp.get("bk")).reshape(B, T, K, H)
+    v = linear(h, lp["wv"], lp.get("bv")).reshape(B, T, K, H)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    q = apply_rope(q, pos, inv_freq)
+    k = apply_rope(k, pos, inv_freq)
+    if cache_kv is not None:
+        ck, cv = cache_kv  # [B, S, K, H]
+        k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+        v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+        kx, vx = k.astype(q.dtype), v.astype(q.dtype)
+    else:
+        kx, vx = k, v
+    o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
+    x = x + linear(o, lp["wo"], lp.get("bo"))
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    g = linear(h, lp["w_gate"], lp.get("b_gate"))
+    u = linear(h, lp["w_up"], lp.get("b_up"))
+    x = x + linear(jax.nn.silu(g) * u, lp["w_down"], lp.get("b_down"))
+    return x, (k, v)
+
+
+def _embed(params: dict, tokens: jax.Array) -> jax.Array:
+    embed = params["embed"]
+    if isinstance(embed, QuantArray):
+        raise ValueError("the embedding must stay full precision; quantize lm_head instead")
+    return jnp.take(embed, tokens, axis=0)  # [B, T, D]
+
+
+def _logits(params: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    head = params.get("lm_head", params["embed"])
+    if isinstance(head, QuantArray):
+        return qdot(x, head, out_dtype=jnp.float32)  # [B, T, V]
+    return jax.lax.dot_general(
+        x, head.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+    )  # [B, T, V]
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """Rotary positions for left-padded rows: ``cumsum(mask) - 1`` clipped at 0. ``[B, T]`` int32."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(
+    params: dict,
+    tokens: jax.Array,
+    cfg: ModelConfig,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Full-sequence causal forward.
+
+    Args:
+      params: full-precision or FP8 rollout params.
+      tokens: ``[B, T]`` int token ids.
+      cfg: model config.
+      mask: optional ``[B, T]`` validity (1 = real token, 0 = padding, e.g. left
+        padding of prompts). Padding keys are not attended to and positions
+        count only real tokens. Default: all valid.
+
+    Returns:
+      Logits ``[B, T, V]`` float32.
+    """
+    B, T = tokens.shape
+    if mask is None:
+        mask = jnp.ones((B, T), jnp.bool_)
+    mask = mask.astype(jnp.bool_)
+    pos = positions_from_mask(mask)
+    causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
+    attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+    # A padding query (attends to nothing valid) would softmax over -1e30 only:
+    # let it see itself so its (unused) output stays finite.
+    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]
+    inv_freq = rope_inv_freq(cfg)
+    x = _embed(params, tokens)
+
+    def body(x, lp):
+        x, _ = _layer(x, lp, pos, attn_mask, inv_freq, cfg)
+        return x, None
+
+    x, _ = jax.lax.scan(body, x, params["layers"])
+    return _logits(params, x, cfg)
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.bfloat16) -> KVCache:
+    """An empty cache of ``length`` slots for ``batch`` rows."""
+    shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        valid=jnp.zeros((batch, length), jnp.bool_),
+        pos=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def extend(
+    params: dict,
+    tokens: jax.Array,
+    mask: jax.Array,
+    cache: KVCache,
+    cfg: ModelConfig,
+) -> tuple[jax.Array, KVCache]:
+    """Run ``T`` new tokens through the model, writing them into the cache.
+
+    Prefill is ``extend`` with the (left-padded) prompt on an empty cache; a
+    decode step is ``extend`` with ``T = 1``.
+
+    Args:
+      params: full-precision or FP8 rollout params.
+      tokens: ``[B, T]`` new token ids.
+      mask: ``[B, T]`` validity of the new tokens (padding is never attended to).
+      cache: current cache; ``cache.index + T`` must not exceed its length.
+      cfg: model config.
+
+    Returns:
+      ``(logits [B, T, V] float32, updated cache)``.
+    """
+    B, T = tokens.shape
+    S = cache.k.shape[2]
+    mask = mask.astype(jnp.bool_)
+    pos = cache.pos[:, None] + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), -1) - 1, 0)
+    valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))  # [B, S]
+    slot = jnp.arange(S)
+    qslot = cache.index + jnp.arange(T)
+    attn_mask = (slot[None, :] <= qslot[:, None])[None] & valid[:, None, :]  # [B, T, S]
+    attn_mask = attn_mask | (slot[None, :] == qslot[:, None])[None]
+    inv_freq = rope_inv_freq(cfg)
+    x = _embed(params, tokens)
+
+    def body(carry, lp_kv):
+        x = carry
+        lp, ck, cv = lp_kv
+        x, (k, v) = _layer(x, lp, pos, attn_mask, inv_freq, cfg, (ck, cv), cache.index)
+        return x, (k, v)
+
+    x, (ks, vs) = jax.lax.scan(body, x, (params["layers"], cache.k, cache.v))
+    logits = _logits(params, x, cfg)
+    new_pos = cache.pos + jnp.sum(mask.astype(jnp.int32), -1)
+    return logits, KVCache(k=ks, v=vs, valid=valid, pos=new_pos, index=cache.index + T)
