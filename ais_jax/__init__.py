@@ -1,1 +1,47 @@
-"""ais_jax: FP8-rollout GRPO with Adaptive Importance Sampling in JAX."""
+"""ais_jax: FP8-rollout GRPO with Adaptive Importance Sampling (AIS) in JAX.
+
+The public contract (DESIGN.md section 2) is importable from the top level;
+heavier pieces are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ais_coefficient": "ais_jax.ais",
+    "AISResult": "ais_jax.ais",
+    "group_advantages": "ais_jax.grpo",
+    "grpo_loss": "ais_jax.grpo",
+    "token_logprobs": "ais_jax.grpo",
+    "sequence_logprobs": "ais_jax.grpo",
+    "QuantArray": "ais_jax.fp8",
+    "quantize": "ais_jax.fp8",
+    "dequantize": "ais_jax.fp8",
+    "to_rollout_params": "ais_jax.fp8",
+    "ModelConfig": "ais_jax.model",
+    "init_params": "ais_jax.model",
+    "forward": "ais_jax.model",
+    "load_pretrained": "ais_jax.checkpoints_hf",
+    "save_pretrained": "ais_jax.checkpoints_hf",
+    "load_tokenizer": "ais_jax.checkpoints_hf",
+    "sample": "ais_jax.sampler",
+    "Rollout": "ais_jax.sampler",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ais_jax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

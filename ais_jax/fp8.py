@@ -1,4 +1,4 @@
-"""FP8 cast-and-scale: the `QuantArray` pytree, quantize / dequantize, the FP8 matmul, rollout params.
+"""FP8 cast-and-scale: `QuantArray`, quantize / dequantize, the FP8 matmul, rollout params.
 
 The rollout copy of the policy stores its decoder-block linear weights as real
 1-byte float8 values plus a float32 scale; activations are quantized

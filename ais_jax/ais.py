@@ -1,0 +1,193 @@
+"""The AIS coefficient: adaptive blend of no correction and truncated importance sampling.
+
+Implements SPEC.md section 4.  Per valid token the rollout-training importance
+ratio is truncated, ``w_bar = min(exp(logp_train - logp_rollout), C)``, and the
+advantage is reweighted by ``w_tilde = 1 + alpha * (w_bar - 1)`` where ``alpha``
+comes from three detached batch statistics:
+
+* weight reliability ``alpha_ess = (1 + CV^2) ** -0.5`` (CV of ``w_bar``, ddof=1),
+* divergence severity ``alpha_mis = min(1, d_bar / delta)``,
+* variance amplification ``alpha_var = max(0, (D - gamma) / gamma)`` with
+  ``D = std(A * w_bar) / (std(A) + eps)``,
+
+combined as ``alpha = clip(alpha_ess - beta_var * alpha_var, 0, 1) * alpha_mis``.
+``beta_var`` is not given in the paper's v1 hyperparameters; it defaults to 1.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+MODES = ("ais", "tis", "none")
+
+
+@struct.dataclass
+class AISResult:
+    """Output of `ais_coefficient`.  Arrays of the input shape, scalars float32.
+
+    Attributes:
+      weights: ``w_tilde = 1 + alpha * (w_bar - 1)``; 1.0 where the mask is 0.
+      advantages: ``w_tilde * A`` where valid, 0 elsewhere (``A_tilde``).
+      w_bar: truncated ratio ``min(exp(logp_train - logp_rollout), C)``; 1.0 where masked.
+      alpha: the blend coefficient in [0, 1] actually applied (mode-dependent).
+      alpha_ess: ``(1 + CV^2) ** -0.5``.
+      alpha_mis: ``min(1, d_bar / delta)``.
+      alpha_var: ``max(0, (D - gamma) / gamma)``.
+      d_bar: mean ``|logp_train - logp_rollout|`` over valid tokens.
+      var_amp: ``D = std(A * w_bar) / (std(A) + eps)``.
+      ess_ratio: ``1 / (1 + CV^2)`` (= alpha_ess ** 2).
+      cv: coefficient of variation of ``w_bar`` (sample std, ddof=1; 0 for < 2 tokens).
+      num_valid: number of valid tokens (float32).
+    """
+
+    weights: jax.Array
+    advantages: jax.Array
+    w_bar: jax.Array
+    alpha: jax.Array
+    alpha_ess: jax.Array
+    alpha_mis: jax.Array
+    alpha_var: jax.Array
+    d_bar: jax.Array
+    var_amp: jax.Array
+    ess_ratio: jax.Array
+    cv: jax.Array
+    num_valid: jax.Array
+
+    def stats(self) -> dict[str, jax.Array]:
+        """The scalar statistics as a dict (for logging)."""
+        names = ("alpha", "alpha_ess", "alpha_mis", "alpha_var", "d_bar", "var_amp",
+                 "ess_ratio", "cv", "num_valid")
+        return {n: getattr(self, n) for n in names}
+
+
+def _check_hparam(name: str, value: object, ok: bool, need: str) -> None:
+    if isinstance(value, numbers.Real) and not (ok and math.isfinite(float(value))):
+        raise ValueError(f"ais_coefficient: {name}={value!r} is invalid; {name} must be {need}")
+
+
+def _validate(shapes, dtypes, C, delta, gamma, beta_var, eps, mode) -> None:
+    if mode not in MODES:
+        raise ValueError(f"ais_coefficient: unknown mode {mode!r}; use one of {MODES}")
+    _check_hparam("C", C, isinstance(C, numbers.Real) and C > 1, "> 1")
+    _check_hparam("delta", delta, isinstance(delta, numbers.Real) and delta > 0, "> 0")
+    _check_hparam("gamma", gamma, isinstance(gamma, numbers.Real) and gamma > 0, "> 0")
+    _check_hparam("beta_var", beta_var, isinstance(beta_var, numbers.Real) and beta_var >= 0,
+                  ">= 0")
+    _check_hparam("eps", eps, isinstance(eps, numbers.Real) and eps > 0, "> 0")
+    names = ("logp_train", "logp_rollout", "advantages", "mask")
+    if len(set(shapes)) != 1:
+        desc = ", ".join(f"{n}{tuple(s)}" for n, s in zip(names, shapes, strict=True))
+        raise ValueError(f"ais_coefficient: inputs must have one shape, got {desc}")
+    for n, d in zip(names[:3], dtypes[:3], strict=True):
+        if not jnp.issubdtype(d, jnp.floating):
+            raise ValueError(f"ais_coefficient: {n} must be a float array, got dtype {d}")
+    if not (jnp.issubdtype(dtypes[3], jnp.bool_) or jnp.issubdtype(dtypes[3], jnp.number)):
+        raise ValueError(f"ais_coefficient: mask must be bool or numeric, got dtype {dtypes[3]}")
+
+
+def _masked_mean_std(x: jax.Array, valid: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean and sample std (ddof=1) of ``x`` over ``valid``; std is 0 for n < 2."""
+    mean = jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(n, 1.0)
+    sq = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0))
+    std = jnp.where(n > 1, jnp.sqrt(sq / jnp.maximum(n - 1.0, 1.0)), 0.0)
+    return mean, std
+
+
+def ais_coefficient(
+    logp_train: jax.Array,
+    logp_rollout: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    C: float = 5.0,
+    delta: float = 0.02,
+    gamma: float = 1.2,
+    beta_var: float = 1.0,
+    eps: float = 1e-6,
+    mode: str = "ais",
+) -> AISResult:
+    """Adaptive importance-sampling weights for FP8-rollout policy gradients.
+
+    All statistics are float32 and computed under `jax.lax.stop_gradient`, over
+    the valid tokens of the whole batch. Masked positions may hold anything
+    (NaN, Inf): they are selected away with ``where`` and never leak.
+
+    Args:
+      logp_train: ``[...]`` BF16 trainer log-probs of the sampled tokens
+        (pre-update weights, same temperature as the sampler).
+      logp_rollout: ``[...]`` log-probs recorded by the (FP8) sampler.
+      advantages: ``[...]`` per-token advantages ``A`` (sequence advantage
+        broadcast to its tokens).
+      mask: ``[...]`` bool or 0/1; nonzero marks a valid generated token.
+      C: truncation cap of the importance ratio (> 1).
+      delta: divergence scale of the necessity gate (> 0).
+      gamma: variance-amplification threshold (> 0).
+      beta_var: weight of the variance penalty (>= 0; not in the paper's v1 list).
+      eps: stabilizer of ``std(A)``.
+      mode: ``"ais"`` (adaptive alpha), ``"tis"`` (alpha = 1: truncated IS) or
+        ``"none"`` (alpha = 0: no correction).
+
+    Returns:
+      `AISResult`; ``result.advantages`` is the reweighted advantage ``A_tilde``.
+      With no valid token alpha is 0 and all weights are 1 in every mode.
+      A NaN in a *valid* position is a real error upstream and propagates
+      (the GRPO update then skips the step and counts it); it is never
+      silently replaced.
+
+    Raises:
+      ValueError: the four inputs differ in shape, a float input is not
+        floating point, or a hyperparameter / mode is invalid.
+    """
+    arrays = [jnp.asarray(a) for a in (logp_train, logp_rollout, advantages, mask)]
+    _validate([a.shape for a in arrays], [a.dtype for a in arrays],
+              C, delta, gamma, beta_var, eps, mode)
+    lt, lr, adv, m = (jax.lax.stop_gradient(a) for a in arrays)
+    valid = m.astype(jnp.bool_) if m.dtype == jnp.bool_ else m != 0
+    n = jnp.sum(valid, dtype=jnp.float32)
+
+    diff = jnp.where(valid, lt.astype(jnp.float32) - lr.astype(jnp.float32), 0.0)
+    log_cap = math.log(C) if isinstance(C, numbers.Real) else jnp.log(C)
+    w_bar = jnp.where(valid, jnp.exp(jnp.minimum(diff, log_cap)), 1.0)
+    a = jnp.where(valid, adv.astype(jnp.float32), 0.0)
+
+    w_mean, w_std = _masked_mean_std(w_bar, valid, n)
+    cv = jnp.where(w_mean > 0, w_std / jnp.where(w_mean > 0, w_mean, 1.0), 0.0)
+    ess_ratio = 1.0 / (1.0 + jnp.square(cv))
+    alpha_ess = jax.lax.rsqrt(1.0 + jnp.square(cv))
+
+    d_bar = jnp.sum(jnp.abs(diff)) / jnp.maximum(n, 1.0)
+    alpha_mis = jnp.minimum(1.0, d_bar / delta)
+
+    _, a_std = _masked_mean_std(a, valid, n)
+    _, aw_std = _masked_mean_std(a * w_bar, valid, n)
+    var_amp = aw_std / (a_std + eps)
+    alpha_var = jnp.maximum(0.0, (var_amp - gamma) / gamma)
+
+    if mode == "ais":
+        alpha = jnp.clip(alpha_ess - beta_var * alpha_var, 0.0, 1.0) * alpha_mis
+    elif mode == "tis":
+        alpha = jnp.ones((), jnp.float32)
+    else:
+        alpha = jnp.zeros((), jnp.float32)
+    alpha = jnp.where(n > 0, alpha, 0.0).astype(jnp.float32)
+
+    weights = jnp.where(valid, 1.0 + alpha * (w_bar - 1.0), 1.0)
+    return AISResult(
+        weights=weights,
+        advantages=jnp.where(valid, weights * a, 0.0),
+        w_bar=w_bar,
+        alpha=alpha,
+        alpha_ess=alpha_ess.astype(jnp.float32),
+        alpha_mis=alpha_mis.astype(jnp.float32),
+        alpha_var=alpha_var.astype(jnp.float32),
+        d_bar=d_bar.astype(jnp.float32),
+        var_amp=var_amp.astype(jnp.float32),
+        ess_ratio=ess_ratio.astype(jnp.float32),
+        cv=cv.astype(jnp.float32),
+        num_valid=n,
+    )

@@ -1,0 +1,223 @@
+"""Known-answer and property tests of ais_jax.ais (SPEC.md section 4)."""
+
+import math
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ais_jax import ais_coefficient
+
+W_BAR = np.array([0.8, 1.0, 1.2, 2.0])
+ADV = np.array([1.2, 0.4, -0.2, -0.8])
+
+
+def _golden():
+    return ais_coefficient(jnp.log(W_BAR), jnp.zeros(4), ADV, jnp.ones(4))
+
+
+def test_worked_example():
+    r = _golden()
+    assert float(r.alpha_mis) == 1.0  # d_bar = mean |log w_bar| = 0.275 >= delta
+    np.testing.assert_allclose(float(r.cv), 0.421, atol=5e-4)
+    np.testing.assert_allclose(float(r.alpha_ess), 0.922, atol=5e-4)
+    np.testing.assert_allclose(float(r.var_amp), 1.290, atol=5e-4)
+    np.testing.assert_allclose(float(r.alpha_var), 0.075, atol=5e-4)
+    np.testing.assert_allclose(float(r.alpha), 0.847, atol=5e-4)
+    np.testing.assert_allclose(np.asarray(r.weights), [0.831, 1.000, 1.169, 1.847], atol=5e-4)
+    np.testing.assert_allclose(np.asarray(r.advantages), [0.997, 0.400, -0.234, -1.478],
+                               atol=5e-4)
+    np.testing.assert_allclose(float(r.ess_ratio), float(r.alpha_ess) ** 2, rtol=1e-6)
+
+
+def _numpy_reference(lt, lr, adv, mask, C=5.0, delta=0.02, gamma=1.2, beta_var=1.0, eps=1e-6):
+    v = mask.astype(bool)
+    d = (lt - lr)[v]
+    w = np.minimum(np.exp(d), C)
+    a = adv[v]
+    cv = np.std(w, ddof=1) / np.mean(w) if len(w) > 1 else 0.0
+    alpha_ess = (1 + cv**2) ** -0.5
+    alpha_mis = min(1.0, np.mean(np.abs(d)) / delta)
+    sa = np.std(a, ddof=1) if len(a) > 1 else 0.0
+    saw = np.std(a * w, ddof=1) if len(a) > 1 else 0.0
+    D = saw / (sa + eps)
+    alpha_var = max(0.0, (D - gamma) / gamma)
+    return np.clip(alpha_ess - beta_var * alpha_var, 0, 1) * alpha_mis
+
+
+@pytest.mark.parametrize("d_bar,expected", [(0.002, 0.10), (0.010, 0.50), (0.020, 1.0),
+                                            (0.05, 1.0)])
+def test_alpha_mis_table(d_bar, expected):
+    # Equal |diff| on every token: w_bar nearly constant, so only alpha_mis matters here.
+    lt = jnp.full((8,), d_bar)
+    r = ais_coefficient(lt, jnp.zeros(8), jnp.ones(8), jnp.ones(8))
+    np.testing.assert_allclose(float(r.d_bar), d_bar, rtol=1e-5)
+    np.testing.assert_allclose(float(r.alpha_mis), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("D,expected", [(1.0, 0.0), (1.2, 0.0), (1.5, 0.25), (2.4, 1.0)])
+def test_alpha_var_table(D, expected):
+    # A = [1, -1], w_bar = [D, D] -> std(A w) / std(A) = D (up to eps).
+    lt = jnp.full((2,), math.log(D))
+    r = ais_coefficient(lt, jnp.zeros(2), jnp.array([1.0, -1.0]), jnp.ones(2))
+    np.testing.assert_allclose(float(r.var_amp), D, rtol=1e-5)
+    np.testing.assert_allclose(float(r.alpha_var), expected, atol=1e-5)
+
+
+def test_matches_numpy_reference_random():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = 24
+        lt, lr = rng.normal(-2, 1, n), rng.normal(-2, 1, n) * 0.3 - 2
+        adv = rng.normal(size=n)
+        mask = rng.random(n) < 0.7
+        mask[:2] = True
+        r = ais_coefficient(lt, lr, adv, mask)
+        np.testing.assert_allclose(float(r.alpha), _numpy_reference(lt, lr, adv, mask),
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_modes():
+    lt, lr = jnp.log(W_BAR), jnp.zeros(4)
+    assert float(ais_coefficient(lt, lr, ADV, jnp.ones(4), mode="tis").alpha) == 1.0
+    r = ais_coefficient(lt, lr, ADV, jnp.ones(4), mode="none")
+    assert float(r.alpha) == 0.0
+    np.testing.assert_array_equal(np.asarray(r.weights), 1.0)
+    np.testing.assert_allclose(np.asarray(ais_coefficient(lt, lr, ADV, jnp.ones(4),
+                                                          mode="tis").weights), W_BAR, rtol=1e-6)
+
+
+def test_truncation_cap():
+    r = ais_coefficient(jnp.array([10.0, 0.0]), jnp.zeros(2), jnp.ones(2), jnp.ones(2), C=2.0,
+                        mode="tis")
+    np.testing.assert_allclose(np.asarray(r.w_bar), [2.0, 1.0], rtol=1e-6)
+
+
+def test_no_valid_token():
+    for mode in ("ais", "tis", "none"):
+        r = ais_coefficient(jnp.full(5, jnp.nan), jnp.full(5, jnp.inf), jnp.full(5, jnp.nan),
+                            jnp.zeros(5), mode=mode)
+        assert float(r.alpha) == 0.0
+        np.testing.assert_array_equal(np.asarray(r.weights), 1.0)
+        np.testing.assert_array_equal(np.asarray(r.advantages), 0.0)
+        for v in r.stats().values():
+            assert np.isfinite(float(v))
+
+
+def test_single_valid_token_and_equal_advantages():
+    r = ais_coefficient(jnp.array([0.5, 9.0]), jnp.zeros(2), jnp.array([1.0, 7.0]),
+                        jnp.array([1, 0]))
+    assert float(r.cv) == 0.0 and float(r.alpha_ess) == 1.0
+    r = ais_coefficient(jnp.log(W_BAR), jnp.zeros(4), jnp.ones(4), jnp.ones(4))
+    assert np.isfinite(float(r.var_amp)) and np.isfinite(float(r.alpha))
+
+
+def test_bad_inputs():
+    x = jnp.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"logp_train\(2, 3\).*mask\(2, 4\)"):
+        ais_coefficient(x, x, x, jnp.zeros((2, 4)))
+    with pytest.raises(ValueError, match="float"):
+        ais_coefficient(jnp.zeros((2, 3), jnp.int32), x, x, x)
+    for kw, pat in [({"C": 1.0}, "C=1.0"), ({"delta": 0.0}, "delta=0.0"),
+                    ({"gamma": -1.0}, "gamma=-1.0"), ({"mode": "full"}, "mode 'full'"),
+                    ({"C": float("nan")}, "C=nan")]:
+        with pytest.raises(ValueError, match=pat):
+            ais_coefficient(x, x, x, x, **kw)
+
+
+def test_bf16_inputs_give_float32_stats():
+    r = ais_coefficient(jnp.log(W_BAR).astype(jnp.bfloat16), jnp.zeros(4, jnp.bfloat16),
+                        jnp.asarray(ADV, jnp.bfloat16), jnp.ones(4, jnp.bfloat16))
+    for v in r.stats().values():
+        assert v.dtype == jnp.float32
+    np.testing.assert_allclose(float(r.alpha), 0.847, atol=5e-3)
+
+
+def test_no_gradient_through_statistics():
+    def f(lt):
+        return jnp.sum(ais_coefficient(lt, jnp.zeros(4), ADV, jnp.ones(4)).advantages)
+
+    g = jax.grad(f)(jnp.log(jnp.asarray(W_BAR)))
+    np.testing.assert_array_equal(np.asarray(g), 0.0)
+
+
+def test_any_shape():
+    lt = jnp.log(jnp.asarray(W_BAR)).reshape(2, 1, 2)
+    r = ais_coefficient(lt, jnp.zeros_like(lt), jnp.asarray(ADV).reshape(2, 1, 2),
+                        jnp.ones_like(lt))
+    assert r.weights.shape == (2, 1, 2)
+    np.testing.assert_allclose(float(r.alpha), 0.847, atol=5e-4)
+    s = ais_coefficient(jnp.float32(0.1), jnp.float32(0.0), jnp.float32(1.0), jnp.float32(1.0))
+    assert s.weights.shape == ()
+
+
+# ----------------------------------------------------------------- properties
+
+_floats = st.floats(-1e4, 1e4, allow_nan=False, width=32)
+_garbage = st.sampled_from([np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0])
+
+
+@st.composite
+def _batch(draw, garbage=True):
+    # A few fixed shapes (1-3 dims) so the jit cache is reused across examples.
+    shape = draw(st.sampled_from(_SHAPES))
+    lt = draw(hnp.arrays(np.float32, shape, elements=_floats))
+    lr = draw(hnp.arrays(np.float32, shape, elements=_floats))
+    adv = draw(hnp.arrays(np.float32, shape, elements=st.floats(-10, 10, width=32)))
+    mask = draw(hnp.arrays(np.bool_, shape))
+    if garbage:
+        g = draw(hnp.arrays(np.float32, shape, elements=_garbage))
+        lt, lr, adv = (np.where(mask, x, g) for x in (lt, lr, adv))
+    return lt, lr, adv, mask
+
+
+_SHAPES = [(1,), (6,), (3, 5), (2, 3, 4)]
+_jitted = jax.jit(ais_coefficient, static_argnames=("mode",))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_batch(), st.sampled_from(["ais", "tis", "none"]))
+def test_property_finite_alpha_in_unit_interval(b, mode):
+    r = _jitted(*b, mode=mode)
+    assert 0.0 <= float(r.alpha) <= 1.0
+    for leaf in jax.tree.leaves(r):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+    if b[3].any():
+        assert float(r.alpha) == {"ais": float(r.alpha), "tis": 1.0, "none": 0.0}[mode]
+
+
+@settings(max_examples=200, deadline=None)
+@given(_batch())
+def test_property_agreeing_logps_give_unit_weights(b):
+    lt, _, adv, mask = b
+    r = _jitted(lt, lt, adv, mask)
+    np.testing.assert_array_equal(np.asarray(r.weights), 1.0)
+    assert float(r.d_bar) == 0.0 and float(r.alpha) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(_batch(garbage=False), st.sampled_from([1, 4]))
+def test_property_padding_invariance(b, pad):
+    lt, lr, adv, mask = (x.reshape(-1) for x in b)
+    r = _jitted(lt, lr, adv, mask)
+    padded = [np.concatenate([x, np.full(pad, v, x.dtype)])
+              for x, v in zip((lt, lr, adv), (np.nan, np.inf, -np.inf), strict=True)]
+    rp = _jitted(*padded, np.concatenate([mask, np.zeros(pad, bool)]))
+    for k, v in r.stats().items():
+        np.testing.assert_allclose(float(rp.stats()[k]), float(v), rtol=1e-5, atol=1e-6,
+                                   err_msg=k)
+    np.testing.assert_allclose(np.asarray(rp.weights)[: lt.size], np.asarray(r.weights),
+                               rtol=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_batch(), st.sampled_from(["ais", "tis", "none"]))
+def test_property_jit_equals_eager(b, mode):
+    r1 = ais_coefficient(*b, mode=mode)
+    r2 = _jitted(*b, mode=mode)
+    for a, c in zip(jax.tree.leaves(r1), jax.tree.leaves(r2), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-6)
