@@ -15,6 +15,7 @@ in Hugging Face checkpoints)::
       bo [L, D]                                     (o_bias)
       q_norm [L, H]  k_norm [L, H]                  (qk_norm, Qwen3)
       w_gate [L, F, D]  w_up [L, F, D]  w_down [L, D, F]
+      b_gate [L, F]  b_up [L, F]  b_down [L, D]     (mlp_bias, Llama)
     final_norm   [D]
     lm_head      [V, D]          (absent when tie_embeddings)
 """
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ais_jax.fp8 import QuantArray, linear, qdot
+from ais_jax.fp8 import E4M3, QuantArray, dequantize, linear, qdot, quantize
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -47,9 +48,9 @@ class ModelConfig:
     arch: str = "llama"  # llama | qwen2 | qwen3 (documentation; flags below decide)
     rope_theta: float = 10000.0
     # Llama-3 rope scaling as (factor, low_freq_factor, high_freq_factor,
-    # original_max_position_embeddings), or ("linear", factor) style None.
+    # original_max_position_embeddings); None for default / linear rope.
     rope_scaling: tuple[float, float, float, int] | None = None
-    rope_linear_factor: float = 1.0  # "linear" rope scaling (positions / factor)
+    rope_linear_factor: float = 1.0  # "linear" rope scaling (inverse frequencies / factor)
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2
@@ -83,22 +84,28 @@ class ModelConfig:
                             self.num_heads, self.num_kv_heads, self.vocab_size)
         per_layer = 2 * D + D * Q * H * 2 + D * K * H * 2 + 3 * D * F
         per_layer += (Q * H + 2 * K * H) * self.qkv_bias + D * self.o_bias + 2 * H * self.qk_norm
+        per_layer += (2 * F + D) * self.mlp_bias
         return V * D * (1 if self.tie_embeddings else 2) + D + self.num_layers * per_layer
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values for cached decoding.
+    """Per-layer keys and values for cached decoding (see `init_cache`, `extend`).
+
+    One buffer per layer (a tuple, not a stacked array), so that a decode step
+    inside a `lax.while_loop` updates each layer's buffer in place.
 
     Attributes:
-      k: ``[L, B, S, K, H]`` keys (rotary already applied).
-      v: ``[L, B, S, K, H]`` values.
+      k: ``L``-tuple of ``[B, S, K, H]`` keys (rotary already applied), or of
+        `QuantArray`s (float8 ``value`` ``[B, S, K, H]``, float32 ``scale``
+        ``[B, S, 1, 1]``: one scale per (layer, row, token)) for an FP8 cache.
+      v: ``L``-tuple of ``[B, S, K, H]`` values (same form as ``k``).
       valid: ``[B, S]`` bool, True where a slot holds a real (non-padding) token.
       pos: ``[B]`` int32, rotary position of the next token of each row.
       index: int32 scalar, the next cache slot to write (same for all rows).
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[Any, ...]
+    v: tuple[Any, ...]
     valid: jax.Array
     pos: jax.Array
     index: jax.Array
@@ -202,7 +209,12 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 
 
 def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None):
-    """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)) with k/v [B, S, K, H]."""
+    """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
+
+    Without a cache ``k`` / ``v`` are this block's ``[B, T, K, H]``; with
+    ``cache_kv`` (one layer's entries of a `KVCache`) they are the updated cache
+    entries (see `_cache_update`).
+    """
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
@@ -214,11 +226,8 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q = apply_rope(q, pos, inv_freq)
     k = apply_rope(k, pos, inv_freq)
-    if cache_kv is not None:
-        ck, cv = cache_kv  # [B, S, K, H]
-        k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-        v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
-        kx, vx = k.astype(q.dtype), v.astype(q.dtype)
+    if cache_kv is not None:  # write into the cache, attend over all of it
+        (k, v), (kx, vx) = _cache_update(cache_kv, k, v, index, q.dtype)
     else:
         kx, vx = k, v
     o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
@@ -249,7 +258,7 @@ def _logits(params: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
-    """Rotary positions for left-padded rows: ``cumsum(mask) - 1`` clipped at 0. ``[B, T]`` int32."""
+    """Rotary positions of left-padded rows: ``cumsum(mask) - 1`` clipped at 0, ``[B, T]`` int32."""
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
@@ -293,16 +302,79 @@ def forward(
     return _logits(params, x, cfg)
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.bfloat16) -> KVCache:
-    """An empty cache of ``length`` slots for ``batch`` rows."""
-    shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+def init_cache(
+    cfg: ModelConfig,
+    batch: int,
+    length: int,
+    dtype: Any = jnp.bfloat16,
+    *,
+    fp8: bool = False,
+) -> KVCache:
+    """An empty cache of ``length`` slots for ``batch`` rows.
+
+    Args:
+      cfg: model config.
+      batch: rows ``B``.
+      length: slots ``S`` (prompt plus generated tokens).
+      dtype: element type of a full-precision cache (ignored when ``fp8``).
+      fp8: store keys / values as float8 E4M3 with one float32 scale per
+        (layer, row, token), dequantized when attended to. Not part of the
+        paper's recipe (it keeps the KV cache in BF16); off by default.
+    """
+    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)  # [B, S, K, H]
+
+    def empty() -> Any:
+        if fp8:
+            return QuantArray(value=jnp.zeros(shape, E4M3),
+                              scale=jnp.ones((batch, length, 1, 1), jnp.float32))
+        return jnp.zeros(shape, dtype)
+
+    L = cfg.num_layers
     return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(empty() for _ in range(L)),
+        v=tuple(empty() for _ in range(L)),
         valid=jnp.zeros((batch, length), jnp.bool_),
         pos=jnp.zeros((batch,), jnp.int32),
         index=jnp.zeros((), jnp.int32),
     )
+
+
+def _cache_write(c: Any, new: jax.Array, index: jax.Array) -> Any:
+    """Write ``new`` ``[B, T, K, H]`` into one cache buffer ``[B, S, K, H]`` at slot ``index``."""
+    if isinstance(c, QuantArray):  # one scale per (row, token)
+        q = quantize(new, dtype=c.value.dtype, axes=(2, 3))  # scale [B, T, 1, 1]
+        return QuantArray(
+            value=jax.lax.dynamic_update_slice(c.value, q.value, (0, index, 0, 0)),
+            scale=jax.lax.dynamic_update_slice(c.scale, q.scale, (0, index, 0, 0)),
+        )
+    return jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (0, index, 0, 0))
+
+
+def _cache_read(c: Any, dtype: Any) -> jax.Array:
+    """One cache buffer ``[B, S, K, H]`` in ``dtype`` (dequantized for an FP8 cache)."""
+    return dequantize(c, dtype) if isinstance(c, QuantArray) else c.astype(dtype)
+
+
+def _cache_update(cache_kv, k, v, index, dtype):
+    """Write this step's ``k`` / ``v`` ``[B, T, K, H]``; return (new buffers, read views)."""
+    ck, cv = cache_kv
+    ck, cv = _cache_write(ck, k, index), _cache_write(cv, v, index)
+    return (ck, cv), (_cache_read(ck, dtype), _cache_read(cv, dtype))
+
+
+def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
+    """``params`` with ``layers`` as an ``L``-tuple of per-layer dicts (what `extend` unrolls).
+
+    Slicing the stacked weights once, outside a decode loop, keeps the per-layer
+    copies out of every step. Accepts already-unstacked params unchanged.
+    """
+    layers = params["layers"]
+    if isinstance(layers, tuple | list):
+        return params
+    per_layer = tuple(
+        jax.tree_util.tree_map(lambda w, l=l: w[l], layers) for l in range(cfg.num_layers)
+    )
+    return {**params, "layers": per_layer}
 
 
 def extend(
@@ -315,10 +387,13 @@ def extend(
     """Run ``T`` new tokens through the model, writing them into the cache.
 
     Prefill is ``extend`` with the (left-padded) prompt on an empty cache; a
-    decode step is ``extend`` with ``T = 1``.
+    decode step is ``extend`` with ``T = 1``. The layers are unrolled (one
+    buffer per layer, updated in place inside a loop), with the same `_layer`
+    as `forward`.
 
     Args:
-      params: full-precision or FP8 rollout params.
+      params: full-precision or FP8 rollout params, stacked (as from
+        `init_params`) or unstacked (`unstack_layers`; cheaper inside a loop).
       tokens: ``[B, T]`` new token ids.
       mask: ``[B, T]`` validity of the new tokens (padding is never attended to).
       cache: current cache; ``cache.index + T`` must not exceed its length.
@@ -327,25 +402,24 @@ def extend(
     Returns:
       ``(logits [B, T, V] float32, updated cache)``.
     """
-    B, T = tokens.shape
-    S = cache.k.shape[2]
+    T = tokens.shape[1]
+    S = cache.valid.shape[1]
     mask = mask.astype(jnp.bool_)
-    pos = cache.pos[:, None] + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), -1) - 1, 0)
+    pos = cache.pos[:, None] + positions_from_mask(mask)  # [B, T]
     valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))  # [B, S]
     slot = jnp.arange(S)
     qslot = cache.index + jnp.arange(T)
     attn_mask = (slot[None, :] <= qslot[:, None])[None] & valid[:, None, :]  # [B, T, S]
     attn_mask = attn_mask | (slot[None, :] == qslot[:, None])[None]
     inv_freq = rope_inv_freq(cfg)
+    params = unstack_layers(params, cfg)
     x = _embed(params, tokens)
-
-    def body(carry, lp_kv):
-        x = carry
-        lp, ck, cv = lp_kv
+    ks, vs = [], []
+    for lp, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
         x, (k, v) = _layer(x, lp, pos, attn_mask, inv_freq, cfg, (ck, cv), cache.index)
-        return x, (k, v)
-
-    x, (ks, vs) = jax.lax.scan(body, x, (params["layers"], cache.k, cache.v))
+        ks.append(k)
+        vs.append(v)
     logits = _logits(params, x, cfg)
     new_pos = cache.pos + jnp.sum(mask.astype(jnp.int32), -1)
-    return logits, KVCache(k=ks, v=vs, valid=valid, pos=new_pos, index=cache.index + T)
+    cache = KVCache(k=tuple(ks), v=tuple(vs), valid=valid, pos=new_pos, index=cache.index + T)
+    return logits, cache

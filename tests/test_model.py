@@ -1,0 +1,181 @@
+"""Tests for ais_jax.model: params layout, numerics, masking, and the cached decode path."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ais_jax import fp8, model
+
+TINY = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=8)
+# Every optional piece at once: biases everywhere, q/k norm, head_dim != D / Q, llama3 rope.
+FULL = dataclasses.replace(TINY, head_dim=12, num_kv_heads=1, qkv_bias=True, o_bias=True,
+                           mlp_bias=True, qk_norm=True, rope_scaling=(8.0, 1.0, 4.0, 32))
+forward = jax.jit(model.forward, static_argnums=2)
+extend = jax.jit(model.extend, static_argnums=4)
+
+
+def _random_params(cfg: model.ModelConfig, seed: int = 0) -> dict:
+    """init_params' tree with norms and biases away from 1 / 0 and unit-scale activations."""
+    rng = np.random.default_rng(seed)
+    spec = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
+
+    def fill(path, x):
+        name = jax.tree_util.keystr(path)
+        r = rng.standard_normal(x.shape, np.float32)
+        if "norm" in name:
+            return jnp.asarray(1.0 + 0.3 * r)
+        if "'b" in name:  # bq, bk, bv, bo, b_gate, b_up, b_down
+            return jnp.asarray(0.3 * r)
+        return jnp.asarray(r if "embed" in name else r / math.sqrt(x.shape[-1]))
+
+    return jax.tree_util.tree_map_with_path(fill, spec)
+
+
+def _left_padded(cfg: model.ModelConfig, B: int, T: int, pads: list[int], seed: int = 0):
+    tokens = jax.random.randint(jax.random.key(seed), (B, T), 0, cfg.vocab_size)
+    mask = jnp.arange(T)[None, :] >= jnp.asarray(pads)[:, None]  # [B, T]
+    return tokens, mask
+
+
+# ----------------------------------------------------------------------------- params
+
+
+@pytest.mark.parametrize("cfg", [
+    TINY, FULL, dataclasses.replace(TINY, tie_embeddings=True, num_kv_heads=4),
+    dataclasses.replace(TINY, qkv_bias=True),
+])
+def test_init_params_layout(cfg):
+    params = model.init_params(jax.random.key(0), cfg, dtype=jnp.bfloat16)
+    L, D, F, H, Q, K, V = (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim,
+                           cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size)
+    layers = params["layers"]
+    expect = {"attn_norm": (L, D), "mlp_norm": (L, D), "wq": (L, Q * H, D), "wk": (L, K * H, D),
+              "wv": (L, K * H, D), "wo": (L, D, Q * H), "w_gate": (L, F, D), "w_up": (L, F, D),
+              "w_down": (L, D, F)}
+    if cfg.qkv_bias:
+        expect |= {"bq": (L, Q * H), "bk": (L, K * H), "bv": (L, K * H)}
+    if cfg.o_bias:
+        expect["bo"] = (L, D)
+    if cfg.mlp_bias:
+        expect |= {"b_gate": (L, F), "b_up": (L, F), "b_down": (L, D)}
+    if cfg.qk_norm:
+        expect |= {"q_norm": (L, H), "k_norm": (L, H)}
+    assert {k: v.shape for k, v in layers.items()} == expect
+    assert params["embed"].shape == (V, D) and params["final_norm"].shape == (D,)
+    assert ("lm_head" in params) == (not cfg.tie_embeddings)
+    assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == cfg.num_params
+    np.testing.assert_array_equal(layers["attn_norm"], 1.0)
+    assert float(jnp.std(layers["wq"].astype(jnp.float32))) == pytest.approx(0.02, rel=0.1)
+
+
+def test_model_config_validation():
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        dataclasses.replace(TINY, num_kv_heads=3)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        dataclasses.replace(TINY, head_dim=7)
+    with pytest.raises(ValueError, match="vocab_size"):
+        dataclasses.replace(TINY, vocab_size=0)
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+def test_rms_norm_known_answer():
+    x = jnp.array([[3.0, 4.0]])
+    out = model.rms_norm(x, jnp.array([1.0, 2.0]), eps=0.0)
+    rms = math.sqrt((9 + 16) / 2)
+    np.testing.assert_allclose(out, [[3 / rms, 8 / rms]], rtol=1e-6)
+    assert model.rms_norm(x.astype(jnp.bfloat16), jnp.ones(2), 1e-6).dtype == jnp.bfloat16
+
+
+def test_rope_inv_freq_known_answers():
+    cfg = dataclasses.replace(TINY, head_dim=16, rope_theta=100.0)
+    base = 100.0 ** -(np.arange(0, 16, 2) / 16)
+    np.testing.assert_allclose(model.rope_inv_freq(cfg), base, rtol=1e-6)
+    lin = dataclasses.replace(cfg, rope_linear_factor=4.0)
+    np.testing.assert_allclose(model.rope_inv_freq(lin), base / 4.0, rtol=1e-6)
+    # llama3 with original context 64: wavelengths < 16 kept, > 64 divided by 8, smooth between.
+    l3 = np.asarray(model.rope_inv_freq(dataclasses.replace(cfg, rope_scaling=(8.0, 1.0, 4.0, 64))))
+    wavelen = 2 * np.pi / base
+    np.testing.assert_allclose(l3[wavelen < 16], base[wavelen < 16], rtol=1e-6)
+    np.testing.assert_allclose(l3[wavelen > 64], base[wavelen > 64] / 8, rtol=1e-6)
+    mid = (wavelen >= 16) & (wavelen <= 64)
+    assert mid.any()
+    smooth = (64 / wavelen[mid] - 1) / 3
+    np.testing.assert_allclose(l3[mid], (1 - smooth) * base[mid] / 8 + smooth * base[mid],
+                               rtol=1e-6)
+
+
+def test_apply_rope_rotates_by_relative_position():
+    inv = model.rope_inv_freq(TINY)
+    q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, TINY.head_dim))
+    at = lambda x, p: model.apply_rope(x, jnp.array([[p]]), inv)  # noqa: E731
+    np.testing.assert_allclose(at(q, 0), q, rtol=1e-6)
+    np.testing.assert_allclose(jnp.linalg.norm(at(q, 7)), jnp.linalg.norm(q), rtol=1e-5)
+    dot = lambda m, n: float(jnp.sum(at(q, m) * at(k, n)))  # noqa: E731
+    assert dot(5, 2) == pytest.approx(dot(13, 10), rel=1e-4)
+    assert dot(5, 2) != pytest.approx(dot(5, 3), rel=1e-2)
+
+
+def test_forward_is_causal_and_padding_invariant():
+    params = _random_params(FULL)
+    tokens, _ = _left_padded(FULL, 1, 8, [0])
+    full = forward(params, tokens, FULL)
+    changed = forward(params, tokens.at[0, 5].set((tokens[0, 5] + 1) % 64), FULL)
+    np.testing.assert_allclose(changed[:, :5], full[:, :5], atol=1e-5)
+    assert float(jnp.abs(changed[:, 5:] - full[:, 5:]).max()) > 1e-3
+    # The same 8 tokens left-padded by 3 (arbitrary pad ids) give the same logits.
+    padded = jnp.concatenate([jnp.full((1, 3), 7), tokens], 1)
+    mask = jnp.arange(11)[None] >= 3
+    out = forward(params, padded, FULL, mask)
+    np.testing.assert_allclose(out[:, 3:], full, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- cached decode
+
+
+def test_extend_matches_forward_at_every_position():
+    cfg, chunks = FULL, (3, 3, 1, 1, 1)  # a chunked prefill, then decode steps
+    params = _random_params(cfg)
+    T = sum(chunks)
+    tokens, mask = _left_padded(cfg, 3, T, [0, 2, 3], seed=1)
+    ref = forward(params, tokens, cfg, mask)  # [B, T, V]
+    cache = model.init_cache(cfg, 3, T + 2, jnp.float32)  # spare slots stay unused
+    outs, start = [], 0
+    for n in chunks:  # padding inside the first chunk (the prompt) only
+        logits, cache = extend(params, tokens[:, start:start + n], mask[:, start:start + n], cache,
+                             cfg)
+        outs.append(logits)
+        start += n
+    got = jnp.concatenate(outs, 1)
+    valid = np.asarray(mask)
+    diff = np.abs(np.asarray(got) - np.asarray(ref))[valid]
+    assert diff.max() <= 1e-5, diff.max()
+    assert int(cache.index) == T
+    np.testing.assert_array_equal(cache.pos, valid.sum(-1))
+    np.testing.assert_array_equal(cache.valid[:, :T], valid)
+
+
+def test_fp8_rollout_params_halve_weight_bytes_and_stay_close():
+    cfg = dataclasses.replace(TINY, hidden_size=64, intermediate_size=128, head_dim=16)
+    params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), _random_params(cfg))
+    rollout = fp8.to_rollout_params(params, quantize_lm_head=True)
+    quantized = {n: rollout["layers"][n] for n in fp8.BLOCK_LINEARS} | {"head": rollout["lm_head"]}
+    original = {n: params["layers"][n] for n in fp8.BLOCK_LINEARS} | {"head": params["lm_head"]}
+    for q in quantized.values():
+        assert isinstance(q, fp8.QuantArray) and q.value.dtype == jnp.float8_e4m3fn
+    ratio = fp8.tree_nbytes(quantized) / fp8.tree_nbytes(original)
+    assert 0.5 <= ratio <= 0.51, ratio
+    tokens, mask = _left_padded(cfg, 2, 8, [0, 3])
+    lp = jax.nn.log_softmax(forward(params, tokens, cfg, mask))
+    lq = jax.nn.log_softmax(forward(rollout, tokens, cfg, mask))
+    delta = np.abs(np.asarray(lp - lq))[np.asarray(mask)]
+    assert 0 < delta.mean() < 0.1, delta.mean()  # FP8 moves log-probs, but only a little
