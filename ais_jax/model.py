@@ -362,6 +362,59 @@ def _cache_update(cache_kv, k, v, index, dtype):
     return (ck, cv), (_cache_read(ck, dtype), _cache_read(cv, dtype))
 
 
+def prefill(
+    params: dict,
+    tokens: jax.Array,
+    mask: jax.Array,
+    cfg: ModelConfig,
+    length: int,
+    *,
+    dtype: Any = None,
+    fp8: bool = False,
+) -> tuple[jax.Array, KVCache]:
+    """Full causal pass over left-padded prompts that keeps their keys / values.
+
+    The same computation as `forward` (a `lax.scan` over the stacked layers,
+    so it compiles one layer, not ``L``), returning a cache of ``length >= T``
+    slots with the prompt in slots ``0 .. T-1``; equal to `extend` on an empty
+    cache (for an FP8 cache the prompt attends to its unquantized keys).
+
+    Args:
+      params: stacked full-precision or FP8 rollout params.
+      tokens: ``[B, T]`` prompt ids.
+      mask: ``[B, T]`` validity (left padding 0).
+      cfg: model config.
+      length: cache slots ``S``.
+      dtype: cache element type (default: the embedding's dtype).
+      fp8: FP8 cache (see `init_cache`).
+
+    Returns:
+      ``(logits [B, T, V] float32, cache)``.
+    """
+    B, T = tokens.shape
+    mask = mask.astype(jnp.bool_)
+    pos = positions_from_mask(mask)
+    attn_mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & mask[:, None, :]  # [B, T, T]
+    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]
+    inv_freq = rope_inv_freq(cfg)
+    x = _embed(params, tokens)
+
+    def body(x, lp):
+        x, kv = _layer(x, lp, pos, attn_mask, inv_freq, cfg)
+        return x, kv
+
+    x, (ks, vs) = jax.lax.scan(body, x, params["layers"])  # ks, vs [L, B, T, K, H]
+    dtype = params["embed"].dtype if dtype is None else dtype
+    cache = init_cache(cfg, B, length, dtype, fp8=fp8)
+    zero = jnp.zeros((), jnp.int32)
+    k = tuple(_cache_write(c, ks[l], zero) for l, c in enumerate(cache.k))
+    v = tuple(_cache_write(c, vs[l], zero) for l, c in enumerate(cache.v))
+    valid = jnp.zeros((B, length), jnp.bool_).at[:, :T].set(mask)
+    cache = KVCache(k=k, v=v, valid=valid, pos=jnp.sum(mask, -1, dtype=jnp.int32),
+                    index=jnp.full((), T, jnp.int32))
+    return _logits(params, x, cfg), cache
+
+
 def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
     """``params`` with ``layers`` as an ``L``-tuple of per-layer dicts (what `extend` unrolls).
 

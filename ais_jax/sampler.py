@@ -1,0 +1,559 @@
+"""Rollout sampler: prefill + `lax.while_loop` decode with exact log-prob recording.
+
+`sample` draws ``max_new_tokens`` tokens per row from full-precision params or
+the FP8 rollout copy (`ais_jax.fp8.to_rollout_params`) and records, for every
+sampled token, its log-probability under the very distribution it was drawn
+from.  One `jax.jit` per static configuration (shapes, model config, sampling
+settings): repeated calls with the same shapes never retrace.
+
+Sampling distribution (the order Hugging Face's logits warpers use)::
+
+    z = logits / temperature                 # float32
+    z = top_k(z, k)                          # keep the k largest (ties at the k-th kept)
+    z = top_p(z, p)                          # keep the smallest head of mass >= p
+                                             # (of the top-k renormalized distribution)
+    token ~ softmax(z)      logp = log_softmax(z)[token]
+
+What the trainer must do to match (SPEC.md section 4, "pitfalls"): score the
+sampled tokens with `token_logprobs_from_logits` and the same ``temperature``,
+``top_k``, ``top_p``.  For the default RL setting (``top_k=0``, ``top_p=1``)
+that is simply ``log_softmax(logits / temperature)`` at the token; with
+truncation it is the log-prob under the truncated, renormalized distribution
+(the trainer's own top-k / top-p set is recomputed from its logits, so a
+sampled token can fall outside it: its log-prob is then ``-inf``, and the
+caller must mask or clip such tokens).  With ``temperature == 0`` decoding is
+greedy (argmax of the raw logits, no truncation) and ``logp`` is
+``log_softmax(logits)`` (temperature 1, untruncated) of the chosen token.
+
+Details:
+
+* Prompts are left-padded ``[B, P]`` with a validity mask; rotary positions
+  count real tokens only (`ais_jax.model.positions_from_mask`).  Every prompt
+  length ``P`` (and every ``max_new_tokens``) is one compilation: round ``P``
+  up with `bucket_length` / `pad_prompts` to bound the number of shapes.
+* ``num_samples=G``: each prompt is prefilled once and its cache is repeated to
+  ``G`` rows; output rows ``p*G .. p*G+G-1`` belong to prompt ``p``.
+* EOS (one id or several) ends a row: the EOS token itself has mask 1; every
+  later position holds ``pad_id`` (default: the first EOS id), mask 0 and logp
+  0.  The loop exits as soon as every row is done.  Rows that never emit EOS
+  keep mask 1 up to the budget.
+* Tokens are drawn by an exact inverse-CDF draw (one uniform per row, block
+  sums, then a cumulative sum inside the chosen block), much cheaper on CPU
+  than `jax.random.categorical` (Gumbel logs over the whole vocabulary) and
+  equal in distribution.  All uniforms, ``uniform(key, (N, B))``, are drawn
+  before the loop: the same key and inputs give the same rollout.
+* The KV cache lives inside one jitted program (a `while_loop` carry, one
+  buffer per layer, updated in place; nothing to donate).  The layers are
+  unrolled (`ais_jax.model.extend`), so compile time grows with depth (about
+  10 s / 20 s for a 30-layer model on a 2-core CPU with 1 / 4 decode segments).
+* Decoding runs in ``decode_segments`` segments, each attending to a
+  statically sized prefix of the cache (less attention work, longer compile).
+* On CPU the full-precision linear weights are transposed once per call to
+  ``[in, out]`` (small-batch matmuls measured ~10% faster per decode step;
+  costs one extra copy of those weights while sampling).  FP8 weights and
+  other backends keep ``[out, in]``.
+* ``kv_fp8=True`` stores the KV cache as float8 E4M3 with one scale per
+  (layer, row, token).  The paper keeps the cache in BF16: this is an extra
+  memory option, off by default, and adds its own mismatch.  On CPU float8
+  conversions are software-emulated, so it is much slower there.
+* Called under an outer `jax.jit` (traced prompts) the value checks on the
+  prompts are skipped; shape and setting checks always run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ais_jax import model as model_lib
+from ais_jax.fp8 import BLOCK_LINEARS, QuantArray
+
+
+class Rollout(NamedTuple):
+    """Sampled completions, row ``p*G + g`` is sample ``g`` of prompt ``p``.
+
+    Attributes:
+      tokens: ``[B, N]`` int32 sampled ids (``pad_id`` after EOS).
+      mask: ``[B, N]`` float32, 1 for generated tokens up to and including EOS.
+      logp: ``[B, N]`` float32 log-prob of each token under the distribution it
+        was sampled from (0 where ``mask`` is 0).
+    """
+
+    tokens: jax.Array
+    mask: jax.Array
+    logp: jax.Array
+
+
+class _DecodeState(NamedTuple):
+    step: jax.Array  # int32 scalar, next column of the output to fill
+    tokens: jax.Array  # [B, N] int32
+    logp: jax.Array  # [B, N] float32
+    mask: jax.Array  # [B, N] float32
+    done: jax.Array  # [B] bool, row has emitted EOS
+    last: jax.Array  # [B] int32, token to feed next
+    cache: model_lib.KVCache
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def bucket_length(n: int, *, multiple: int = 16, pow2_max: int = 512) -> int:
+    """Round a prompt length up to a bucket: powers of two up to ``pow2_max``, then multiples.
+
+    ``bucket_length(5) == 16``, ``bucket_length(40) == 64``, ``bucket_length(600) == 608``.
+    Each distinct bucket is one compilation of `sample`.
+    """
+    if n < 0:
+        raise ValueError(f"length must be >= 0, got {n}")
+    if n <= pow2_max:
+        return max(multiple, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+    return -(-n // multiple) * multiple
+
+
+def pad_prompts(
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int = 0,
+    length: int | None = None,
+    bucket: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists into ``([B, P] int32 tokens, [B, P] bool mask)``.
+
+    ``P`` is ``length`` if given, else the longest prompt, rounded up with
+    `bucket_length` when ``bucket``.
+    """
+    if not prompts:
+        raise ValueError("no prompts given (empty batch)")
+    longest = max(len(p) for p in prompts)
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("every prompt needs at least one token")
+    P = length if length is not None else (bucket_length(longest) if bucket else longest)
+    if longest > P:
+        raise ValueError(f"length {P} is shorter than the longest prompt ({longest} tokens)")
+    tokens = np.full((len(prompts), P), pad_id, np.int32)
+    mask = np.zeros((len(prompts), P), bool)
+    for i, p in enumerate(prompts):
+        tokens[i, P - len(p):] = p
+        mask[i, P - len(p):] = True
+    return tokens, mask
+
+
+# ----------------------------------------------------------------------------- distribution
+
+
+def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """Top-k then top-p truncation: ``-inf`` outside the kept set. ``[..., V]`` float32.
+
+    ``z`` are temperature-scaled logits.  Top-k keeps every token whose logit is
+    at least the k-th largest (ties included, as Hugging Face does).  Top-p keeps
+    the smallest set of most likely tokens (of the top-k renormalized
+    distribution) whose probability sums to at least ``top_p``; tokens tied with
+    the last kept one are kept too.  ``top_k=0`` / ``top_p=1`` disable each.
+    """
+    z = z.astype(jnp.float32)
+    V = z.shape[-1]
+    if 0 < top_k < V:
+        kth = jax.lax.top_k(z, top_k)[0][..., -1:]  # [..., 1]
+        z = jnp.where(z >= kth, z, -jnp.inf)
+    if top_p < 1.0:
+        zs = -jnp.sort(-z, axis=-1)  # [..., V] descending
+        ps = jax.nn.softmax(zs, axis=-1)
+        before = jnp.cumsum(ps, axis=-1) - ps  # mass strictly ahead of each token
+        n_keep = jnp.maximum(jnp.sum(before < top_p, axis=-1, keepdims=True), 1)
+        thr = jnp.take_along_axis(zs, n_keep - 1, axis=-1)  # [..., 1]
+        z = jnp.where(z >= thr, z, -jnp.inf)
+    return z
+
+
+def token_logprobs_from_logits(
+    logits: jax.Array,
+    tokens: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> jax.Array:
+    """Log-prob of ``tokens`` under the sampling distribution the sampler uses.
+
+    Args:
+      logits: ``[..., V]`` raw logits (any float dtype; computed in float32).
+      tokens: ``[...]`` int ids.
+      temperature: sampling temperature; 0 means greedy, scored at temperature
+        1 without truncation (as `sample` records it).
+      top_k: keep the k largest (0 = off).
+      top_p: nucleus mass (1 = off).
+
+    Returns:
+      ``[...]`` float32: ``log_softmax(truncate(logits / T))[token]``
+      (``-inf`` for a token outside the truncated set).
+    """
+    z = logits.astype(jnp.float32)
+    if temperature > 0:
+        z = truncate_logits(z / temperature, top_k, top_p)
+    lp = jax.nn.log_softmax(z, axis=-1)
+    return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _block_size(V: int) -> int:
+    return max(1, 1 << round(math.log2(math.sqrt(V))))
+
+
+def categorical_inverse_cdf(key: jax.Array, weights: jax.Array) -> jax.Array:
+    """Draw one index per row with probability ``weights / sum(weights)``.
+
+    Exact inverse-CDF draw with one uniform per row: the running sum over
+    blocks of about sqrt(V) entries picks the block, a cumulative sum inside it
+    picks the entry.  Never returns an index of zero weight (rows need a
+    positive total).
+
+    Args:
+      key: PRNG key.
+      weights: ``[B, V]`` non-negative float32 (e.g. ``exp(z - max z)``).
+
+    Returns:
+      ``[B]`` int32 indices.
+    """
+    return _inverse_cdf(jax.random.uniform(key, weights.shape[:1], jnp.float32), weights)
+
+
+def _inverse_cdf(u: jax.Array, weights: jax.Array) -> jax.Array:
+    """`categorical_inverse_cdf` given the uniforms ``u`` ``[B]`` in [0, 1)."""
+    B, V = weights.shape
+    blk = _block_size(V)
+    nb = -(-V // blk)
+    w = jnp.pad(weights, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)  # [B, nb, blk]
+    bsum = jnp.sum(w, axis=-1)  # [B, nb]
+    bcum = jnp.cumsum(bsum, axis=-1)  # [B, nb]
+    u = u * bcum[:, -1]  # [B] in [0, total)
+    last_block = nb - 1 - jnp.argmax((bsum > 0)[:, ::-1], axis=-1)
+    j = jnp.minimum(jnp.sum(bcum <= u[:, None], axis=-1), last_block)  # [B]
+    ahead = jnp.take_along_axis(bcum - bsum, j[:, None], axis=-1)[:, 0]
+    r = jnp.maximum(u - ahead, 0.0)  # [B] offset inside block j
+    wj = jnp.take_along_axis(w, j[:, None, None], axis=1)[:, 0]  # [B, blk]
+    last_in = blk - 1 - jnp.argmax((wj > 0)[:, ::-1], axis=-1)
+    i = jnp.minimum(jnp.sum(jnp.cumsum(wj, axis=-1) <= r[:, None], axis=-1), last_in)
+    return (j * blk + i).astype(jnp.int32)
+
+
+def sample_logits(
+    key: jax.Array,
+    logits: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row and its log-prob under the distribution drawn from.
+
+    Args:
+      key: PRNG key.
+      logits: ``[B, V]`` raw logits.
+      temperature, top_k, top_p: as in `sample` (static Python numbers).
+
+    Returns:
+      ``(tokens [B] int32, logp [B] float32)``; ``logp`` equals
+      ``token_logprobs_from_logits(logits, tokens, temperature, top_k, top_p)``.
+    """
+    u = jax.random.uniform(key, logits.shape[:1], jnp.float32)
+    return _sample_logits_u(u, logits, temperature, top_k, top_p)
+
+
+def _sample_logits_u(u, logits, temperature, top_k, top_p):
+    """`sample_logits` given the row uniforms ``u`` ``[B]``."""
+    z = logits.astype(jnp.float32)
+    if temperature == 0:
+        tok = jnp.argmax(z, axis=-1).astype(jnp.int32)
+        return tok, token_logprobs_from_logits(z, tok, 0.0)
+    z = truncate_logits(z / temperature, top_k, top_p)
+    m = jnp.max(z, axis=-1, keepdims=True)  # [B, 1], finite: the argmax is always kept
+    e = jnp.exp(z - m)  # [B, V], 0 outside the kept set
+    tok = _inverse_cdf(u, e)
+    zt = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0]
+    logp = zt - m[:, 0] - jnp.log(jnp.sum(e, axis=-1))
+    return tok, logp
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def _transposable(name: str, w: Any) -> bool:
+    # FP8 weights are left alone: XLA CPU hoists their dequantization out of the
+    # decode loop, and transposing them measured no faster.
+    return name in (*BLOCK_LINEARS, "lm_head") and not isinstance(w, QuantArray) and w.ndim == 2
+
+
+def _t(w: Any) -> Any:
+    return w.T if _transposable("lm_head", w) else w
+
+
+def _prepare_params(params: dict, cfg: model_lib.ModelConfig, transpose: bool) -> dict:
+    """Unstack the layers once; on CPU also store linear weights as ``[in, out]``.
+
+    The transposed copies sit behind an optimization barrier so that XLA keeps
+    them; `_view_params` turns them back into logical ``[out, in]`` views, which
+    XLA folds into the matmuls.
+    """
+    p = model_lib.unstack_layers(params, cfg)
+    if not transpose:
+        return p
+    p = dict(p)
+    p.setdefault("lm_head", p["embed"])  # tied: a transposed head beside the embedding
+    return jax.lax.optimization_barrier(_view_params(p, True))
+
+
+def _view_params(p: dict, transpose: bool) -> dict:
+    """Swap the last two axes of the full-precision linear weights (its own inverse)."""
+    if not transpose:
+        return p
+    layers = tuple({k: _t(w) if _transposable(k, w) else w for k, w in lp.items()}
+                   for lp in p["layers"])
+    return {**p, "layers": layers, "lm_head": _t(p["lm_head"])}
+
+
+def _resize_cache(cache: model_lib.KVCache, repeat: int, length: int) -> model_lib.KVCache:
+    """Repeat each row ``repeat`` times (group sampling) and grow the slots to ``length``."""
+    S = cache.valid.shape[1]
+
+    def fix(x: jax.Array, slot_axis: int, fill: Any = 0) -> jax.Array:
+        if repeat > 1:
+            x = jnp.repeat(x, repeat, axis=0)
+        pad = [(0, 0)] * x.ndim
+        pad[slot_axis] = (0, length - S)
+        return jnp.pad(x, pad, constant_values=fill)
+
+    def buf(c: Any) -> Any:
+        if isinstance(c, QuantArray):
+            return QuantArray(value=fix(c.value, 1), scale=fix(c.scale, 1, 1.0))
+        return fix(c, 1)
+
+    pos = jnp.repeat(cache.pos, repeat, axis=0) if repeat > 1 else cache.pos
+    return model_lib.KVCache(
+        k=tuple(buf(c) for c in cache.k),
+        v=tuple(buf(c) for c in cache.v),
+        valid=fix(cache.valid, 1, False),
+        pos=pos,
+        index=cache.index,
+    )
+
+
+def _segment_ends(n_new: int, segments: int) -> list[int]:
+    """Decode steps ``1 .. n_new-1`` split into ``segments`` ranges; their exclusive ends."""
+    steps = n_new - 1
+    segments = max(1, min(segments, steps))
+    return sorted({1 + round(j * steps / segments) for j in range(1, segments + 1)})
+
+
+def _sample_impl(
+    params: dict,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    *,
+    cfg: model_lib.ModelConfig,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    eos_ids: tuple[int, ...],
+    pad_id: int,
+    num_samples: int,
+    kv_fp8: bool,
+    segments: int,
+    transpose: bool,
+) -> Rollout:
+    B0, P = prompt_tokens.shape
+    G, N = num_samples, max_new_tokens
+    B = B0 * G
+    dtype = params["embed"].dtype  # activation / cache dtype
+    prepared = _prepare_params(params, cfg, transpose)
+    eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+
+    uniforms = jax.random.uniform(key, (N, B), jnp.float32)  # one per token, drawn up front
+
+    def draw(step: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+        u = jax.lax.dynamic_index_in_dim(uniforms, step, keepdims=False)  # [B]
+        return _sample_logits_u(u, logits, temperature, top_k, top_p)
+
+    # Prefill each prompt once, then share its cache across the G samples.
+    logits, cache = model_lib.prefill(params, prompt_tokens, prompt_mask, cfg, P, dtype=dtype,
+                                      fp8=kv_fp8)  # [B0, P, V]
+    last_logits = jnp.repeat(logits[:, -1], G, axis=0)  # [B, V]
+    tok, lp = draw(jnp.int32(0), last_logits)
+    state = _DecodeState(
+        step=jnp.int32(1),
+        tokens=jnp.full((B, N), pad_id, jnp.int32).at[:, 0].set(tok),
+        logp=jnp.zeros((B, N), jnp.float32).at[:, 0].set(lp),
+        mask=jnp.zeros((B, N), jnp.float32).at[:, 0].set(1.0),
+        done=jnp.isin(tok, eos),
+        last=tok,
+        cache=_resize_cache(cache, G, P),
+    )
+
+    def body(st: _DecodeState) -> _DecodeState:
+        p = _view_params(prepared, transpose)
+        logits, cache = model_lib.extend(
+            p, st.last[:, None], jnp.ones((B, 1), jnp.bool_), st.cache, cfg
+        )  # [B, 1, V]
+        tok, lp = draw(st.step, logits[:, 0])
+        tok = jnp.where(st.done, pad_id, tok)
+        lp = jnp.where(st.done, 0.0, lp)
+        col = st.step
+        return _DecodeState(
+            step=st.step + 1,
+            tokens=jax.lax.dynamic_update_slice(st.tokens, tok[:, None], (0, col)),
+            logp=jax.lax.dynamic_update_slice(st.logp, lp[:, None], (0, col)),
+            mask=jax.lax.dynamic_update_slice(
+                st.mask, (~st.done).astype(jnp.float32)[:, None], (0, col)),
+            done=st.done | jnp.isin(tok, eos),
+            last=tok,
+            cache=cache,
+        )
+
+    for end in (_segment_ends(N, segments) if N > 1 else []):
+        # Decode steps [.., end) write cache slots up to P + end - 2.
+        state = state._replace(cache=_resize_cache(state.cache, 1, P + end - 1))
+        state = jax.lax.while_loop(
+            lambda st, end=end: (st.step < end) & ~jnp.all(st.done), body, state
+        )
+    return Rollout(tokens=state.tokens, mask=state.mask, logp=state.logp)
+
+
+_sample_jit = jax.jit(
+    _sample_impl,
+    static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_ids",
+                     "pad_id", "num_samples", "kv_fp8", "segments", "transpose"),
+)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_int(name: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _validate(prompt_tokens, prompt_mask, cfg, max_new_tokens, temperature, top_k, top_p,
+              eos_id, num_samples, pad_id) -> tuple[tuple[int, ...], int]:
+    if prompt_tokens.ndim != 2:
+        raise ValueError(f"prompt_tokens must be [B, P], got shape {prompt_tokens.shape}")
+    if prompt_mask.shape != prompt_tokens.shape:
+        raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_tokens shape "
+                         f"{prompt_tokens.shape}")
+    B0, P = prompt_tokens.shape
+    if B0 == 0:
+        raise ValueError("empty batch: prompt_tokens has 0 rows")
+    if P == 0:
+        raise ValueError("empty prompts: prompt_tokens has 0 columns; give at least one token")
+    N = _check_int("max_new_tokens", max_new_tokens, 1)
+    _check_int("num_samples", num_samples, 1)
+    _check_int("top_k", top_k, 0)
+    if not isinstance(temperature, int | float) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), "
+                         f"got {temperature!r}")
+    if not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    V = cfg.vocab_size
+    if eos_id is None:
+        eos_ids: tuple[int, ...] = ()
+    elif isinstance(eos_id, int | np.integer):
+        eos_ids = (int(eos_id),)
+    else:
+        eos_ids = tuple(int(e) for e in eos_id)
+    for e in eos_ids:
+        if not 0 <= e < V:
+            raise ValueError(f"eos_id {e} is outside the vocabulary [0, {V})")
+    if pad_id is None:
+        pad_id = eos_ids[0] if eos_ids else 0
+    if not 0 <= int(pad_id) < V:
+        raise ValueError(f"pad_id {pad_id} is outside the vocabulary [0, {V})")
+    max_pos = cfg.max_position_embeddings
+    longest = P
+    if _is_concrete(prompt_mask):
+        m = np.asarray(prompt_mask).astype(bool)
+        lengths = m.sum(-1)
+        if (lengths == 0).any():
+            raise ValueError(f"prompt row {int(np.argmin(lengths))} has no tokens (mask all 0)")
+        if (np.diff(m.astype(np.int8), axis=-1) < 0).any():
+            raise ValueError("prompts must be left-padded: mask must be 0...0 1...1 in each row")
+        longest = int(lengths.max())
+    if _is_concrete(prompt_tokens):
+        t = np.asarray(prompt_tokens)
+        if t.size and (t.min() < 0 or t.max() >= V):
+            raise ValueError(f"prompt token ids must be in [0, {V}), got range "
+                             f"[{t.min()}, {t.max()}]")
+    if longest + N > max_pos:
+        raise ValueError(
+            f"prompt ({longest} tokens) + max_new_tokens ({N}) exceeds the model's "
+            f"max_position_embeddings ({max_pos}); shorten the prompt or the budget")
+    return eos_ids, int(pad_id)
+
+
+def sample(
+    params: dict,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    cfg: model_lib.ModelConfig,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | Sequence[int] | None = None,
+    num_samples: int = 1,
+    pad_id: int | None = None,
+    kv_fp8: bool = False,
+    decode_segments: int = 4,
+) -> Rollout:
+    """Sample ``max_new_tokens`` tokens for each prompt (``num_samples`` times each).
+
+    Args:
+      params: full-precision params or the FP8 rollout copy.
+      prompt_tokens: ``[B0, P]`` int left-padded prompts.
+      prompt_mask: ``[B0, P]`` validity (1 real token, 0 left padding).
+      key: PRNG key (same key, same inputs -> same rollout).
+      cfg: model config (static).
+      max_new_tokens: ``N``, the decode budget.
+      temperature: ``> 0`` samples softmax(logits / T); ``0`` is greedy.
+      top_k: keep the k most likely tokens (0 = off).
+      top_p: nucleus mass in (0, 1] (1 = off).
+      eos_id: an id or a sequence of ids that end a row; None: never stop early.
+      num_samples: ``G`` samples per prompt (prompt prefilled once).
+      pad_id: token written after EOS (default: the first EOS id, else 0).
+      kv_fp8: FP8 E4M3 KV cache, one scale per (layer, row, token) (off by default).
+      decode_segments: the decode loop is split into this many segments, each
+        attending to a statically sized prefix of the cache (more segments: less
+        attention work, longer compile).
+
+    Returns:
+      `Rollout` of ``[B0 * G, N]`` arrays; rows ``p*G .. p*G+G-1`` are prompt ``p``.
+
+    Raises:
+      ValueError: for an empty batch, a prompt too long for the model's
+        positions, a negative temperature, ``top_p`` outside (0, 1], a negative
+        ``top_k`` and similar bad settings (one sentence each).
+    """
+    prompt_tokens = jnp.asarray(prompt_tokens) if isinstance(prompt_tokens, np.ndarray | list) \
+        else prompt_tokens
+    prompt_mask = jnp.asarray(prompt_mask) if isinstance(prompt_mask, np.ndarray | list) \
+        else prompt_mask
+    eos_ids, pad_id = _validate(prompt_tokens, prompt_mask, cfg, max_new_tokens, temperature,
+                                top_k, top_p, eos_id, num_samples, pad_id)
+    segments = _check_int("decode_segments", decode_segments, 1)
+    return _sample_jit(
+        params, prompt_tokens.astype(jnp.int32), prompt_mask.astype(jnp.bool_), key,
+        cfg=cfg, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+        top_k=int(top_k), top_p=float(top_p), eos_ids=eos_ids, pad_id=pad_id,
+        num_samples=int(num_samples), kv_fp8=bool(kv_fp8), segments=segments,
+        transpose=jax.default_backend() == "cpu",
+    )

@@ -1,0 +1,206 @@
+"""End-to-end tests of the trainer CLI: bad input, recompilation, resume after SIGKILL,
+simulated multi-device meshes and real multi-process runs.
+
+The multi-device and multi-process runs need JAX configured before import, so they
+run the CLI in subprocesses on a tiny config (each a few seconds of compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ais_jax import train
+from ais_jax import trainer as tr
+from ais_jax.config import load_config
+
+TINY = [
+    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+    "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=8",
+    "rollout.group_size=4", "rollout.max_new_tokens=4", "sft.steps=0",
+    "task.eval_size=8", "eval.every=0", "log.tensorboard=false", "log.progress=false",
+    "train.learning_rate=0.003",
+]
+# Metrics that depend on wall time, not on the computation.
+TIMING = {"step_time_s"}
+
+
+def _cli(out_dir, *extra, env=None, wait=True):
+    cmd = [sys.executable, "-m", "ais_jax.train", f"out_dir={out_dir}", *TINY, *extra]
+    e = dict(os.environ, **(env or {}))
+    if not wait:
+        return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=600)
+
+
+def _metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _assert_same_metrics(a, b, rtol):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert set(ra) == set(rb)
+        for k in ra:
+            if k not in TIMING:
+                np.testing.assert_allclose(rb[k], ra[k], rtol=rtol, atol=1e-6,
+                                           err_msg=f"step {ra['step']} {k}")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train.stpes=3"], "did you mean 'train.steps'"),
+    (["train.steps=abc"], "train.steps must be an int"),
+    (["train.steps=-1"], "train.steps"),
+    (["mesh.data=4"], "needs 4 devices but only 1"),
+    (["model.source=/no/such/model"], "/no/such/model"),
+    (["--config", "/no/such.yaml"], "/no/such.yaml"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, capsys):
+    code = train.main([f"out_dir={tmp_path}", *TINY, *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert needle in err
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """One uninterrupted 3-step run on 1 device (in-process)."""
+    out = tmp_path_factory.mktemp("ref")
+    cfg = load_config(None, [f"out_dir={out}", *TINY, "train.steps=3", "checkpoint.every=1"])
+    result = train.run(cfg)
+    return out, result
+
+
+def test_run_learns_nothing_is_recompiled(reference_run):
+    out, result = reference_run
+    assert result.compiles == {"rollout": 1, "update": 1, "eval": 1}
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("step", "reward_mean", "loss", "alpha", "alpha_ess", "alpha_mis", "alpha_var",
+                "d_bar", "ess_ratio", "response_len", "step_time_s", "skipped"):
+        assert key in rows[0]
+    for r in rows:
+        assert 0.0 <= r["alpha"] <= 1.0 and r["d_bar"] > 0.0  # FP8 rollout: a real mismatch
+    assert os.path.exists(os.path.join(out, "final", "model.safetensors"))
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["eval_after"]["n"] == 8
+
+
+def test_sigkill_then_rerun_matches_uninterrupted(reference_run, tmp_path):
+    ref_out, _ = reference_run
+    args = ("train.steps=3", "checkpoint.every=1")
+    proc = _cli(tmp_path, *args, wait=False)
+    path = os.path.join(tmp_path, "metrics.jsonl")
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill right after step 2 is logged
+        if os.path.exists(path):
+            with open(path) as f:
+                if len(f.read().splitlines()) >= 2:
+                    break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    second = _cli(tmp_path, *args)
+    assert second.returncode == 0, second.stderr
+    assert "resumed from step" in second.stdout
+    _assert_same_metrics(_metrics(ref_out), _metrics(tmp_path), rtol=1e-6)
+
+
+@pytest.mark.slow  # two subprocess runs with 8 simulated devices (~40 s on 2 cores)
+def test_eight_devices_match_one(reference_run, tmp_path):
+    ref_out, _ = reference_run
+    res = _cli(tmp_path, "train.steps=3", "checkpoint.every=1", "mesh.data=2", "mesh.fsdp=4",
+               env={"JAX_NUM_CPU_DEVICES": "8"})
+    assert res.returncode == 0, res.stderr
+    _assert_same_metrics(_metrics(ref_out), _metrics(tmp_path), rtol=1e-4)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # three subprocess runs, two of them one 2-process job (~60 s on 2 cores)
+def test_two_processes_match_one_process_with_four_devices(tmp_path):
+    args = ("train.steps=2", "checkpoint.every=1", "mesh.data=2", "mesh.fsdp=2")
+    single = _cli(tmp_path / "one", *args, env={"JAX_NUM_CPU_DEVICES": "4"})
+    assert single.returncode == 0, single.stderr
+    port = _free_port()
+    procs = [
+        _cli(tmp_path / "multi", *args, wait=False, env={
+            "JAX_NUM_CPU_DEVICES": "2", "AIS_JAX_COORDINATOR": f"127.0.0.1:{port}",
+            "AIS_JAX_NUM_PROCESSES": "2", "AIS_JAX_PROCESS_ID": str(i)})
+        for i in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    _assert_same_metrics(_metrics(tmp_path / "one"), _metrics(tmp_path / "multi"), rtol=1e-4)
+
+
+def test_nonfinite_update_is_skipped_and_counted():
+    cfg = load_config(None, [*TINY])
+    from ais_jax.model import ModelConfig, init_params
+    from ais_jax.sharding import make_mesh
+
+    mc = ModelConfig(vocab_size=17, hidden_size=16, intermediate_size=32, num_layers=1,
+                     num_heads=2, num_kv_heads=1, head_dim=8)
+    s = tr.StepSettings(model=mc, group_size=2, max_new_tokens=3)
+    params = init_params(jax.random.key(0), mc)
+    opt = tr.grpo.make_optimizer(1e-2)
+    state = tr.TrainState(params, opt.init(params), jnp.zeros((), jnp.int32),
+                          jnp.zeros((), jnp.int32))
+    fns = tr.build_step_fns(state, make_mesh(), opt, None, s)
+    pt = jnp.ones((2, 3), jnp.int32)
+    batch = fns.rollout(params, pt, jnp.ones((2, 3), bool), jax.random.key(1))
+    bad = batch._replace(logp=batch.logp.at[0, 0].set(jnp.nan))
+    rewards = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+    before = jax.tree.map(np.asarray, state.params)
+    new, met = fns.update(state, bad, rewards, jax.random.key(2), None)
+    assert float(met["skipped"]) == 1.0 and int(new.skipped) == 1
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new.params), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    del cfg
+
+
+def test_sft_warm_start_lowers_the_loss():
+    from ais_jax.model import ModelConfig, init_params
+
+    mc = ModelConfig(vocab_size=11, hidden_size=32, intermediate_size=64, num_layers=1,
+                     num_heads=2, num_kv_heads=1, head_dim=16)
+    params = init_params(jax.random.key(0), mc)
+    toks = jnp.array([[1, 3, 4, 5, 6, 2], [1, 7, 8, 9, 10, 2]])
+    lmask = jnp.array([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
+    opt = tr.grpo.make_optimizer(1e-2)
+    st = opt.init(params)
+
+    @jax.jit
+    def step(p, st):
+        (loss, _), g = jax.value_and_grad(tr.sft_loss, has_aux=True)(p, toks, lmask, mc,
+                                                                     jnp.float32)
+        u, st = opt.update(g, st, p)
+        return tr.optax.apply_updates(p, u), st, loss
+
+    first = None
+    for _ in range(30):
+        params, st, loss = step(params, st)
+        first = float(loss) if first is None else first
+    assert float(loss) < 0.5 * first
