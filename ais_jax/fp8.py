@@ -5,9 +5,11 @@ The rollout copy of the policy stores its decoder-block linear weights as real
 dynamically at the input of every such matmul (SPEC.md section 2).  All FP8
 arithmetic in `ais_jax` goes through this module.
 
-The matmul is written in the form XLA's GPU compiler rewrites into an FP8 GEMM
-on Hopper (convert f8 -> wide, multiply by a scalar scale, dot); on CPU the
-same program is an exact emulation of the FP8 rounding (never faster).
+The matmul converts the float8 operands to a wide type inside the dot and
+rescales the float32 result by ``s_x * s_w``, so the weights are read as 1-byte
+values and no dequantized copy is materialized; on CPU the same program is an
+exact emulation of the FP8 rounding (never faster).  Whether XLA turns it into
+a native FP8 GEMM on Hopper is checked by `benchmarks/gpu_sampler_check.py`.
 """
 
 from __future__ import annotations
@@ -148,10 +150,9 @@ def qdot(
 
     The activation is quantized per tensor (or per token when
     ``w.act_scaling == "token"``) to the weight's float8 format; the product of
-    the float8 operands accumulates in float32 and is rescaled by ``s_x * s_w``.
-    Scalar scales are applied to the converted operands before the dot, the
-    pattern XLA's GPU compiler fuses into one FP8 GEMM; per-token / per-channel
-    scales are applied to the float32 result (equal up to float32 rounding).
+    the float8 operands (converted exactly to ``compute_dtype``) accumulates in
+    float32 and is rescaled by ``s_x * s_w`` afterwards, as the paper describes.
+    On CPU this is an exact emulation of the FP8 GEMM's rounding.
 
     Args:
       x: activations ``[..., in]`` (any float dtype).
@@ -168,21 +169,15 @@ def qdot(
     out_dtype = x.dtype if out_dtype is None else out_dtype
     per_token = w.act_scaling == "token"
     xq = quantize(x, dtype=w.value.dtype, axes=-1 if per_token else None)
-    xd = xq.value.astype(compute_dtype)
-    wd = w.value.astype(compute_dtype)
-    post = None
-    if per_token:
-        post = xq.scale[..., 0]  # [...]
-    else:
-        xd = xd * xq.scale.reshape(()).astype(compute_dtype)
-    w_per_tensor = w.scale.size == 1
-    if w_per_tensor:
-        wd = wd * w.scale.reshape(()).astype(compute_dtype)
-    y = _contract_last(xd, wd, jnp.float32)  # [..., out]
-    if not w_per_tensor:
-        y = y * w.scale[:, 0]
-    if post is not None:
-        y = y * post[..., None]
+    # The float8 operands are only converted (exactly) to the wide type, and the
+    # float32 product is rescaled afterwards: the GEMM reads the 1-byte weights
+    # (XLA fuses the convert into the dot operand) and never materializes a
+    # dequantized copy of the weight.
+    y = _contract_last(xq.value.astype(compute_dtype), w.value.astype(compute_dtype),
+                       jnp.float32)  # [..., out]
+    s_x = xq.scale.reshape(()) if not per_token else xq.scale  # [] or [..., 1]
+    s_w = w.scale.reshape(()) if w.scale.size == 1 else w.scale[:, 0]  # [] or [out]
+    y = y * s_x * s_w
     return y.astype(out_dtype)
 
 

@@ -122,7 +122,7 @@ def run(cfg: Any) -> RunResult:
     from ais_jax import sharding as shd
     from ais_jax import trainer as tr
     from ais_jax.model import ModelConfig, init_params
-    from ais_jax.tasks import CharTokenizer, RewardConfig, batch_rewards
+    from ais_jax.tasks import CharTokenizer, RewardConfig, batch_rewards, pass_at_k
 
     out_dir = cfg.out_dir
     is_main = jax.process_index() == 0
@@ -167,11 +167,17 @@ def run(cfg: Any) -> RunResult:
 
         source = smollm2_gguf_path() if cfg.model.source == "smollm2" else cfg.model.source
         params, model_cfg = load_pretrained(source, dtype=param_dtype)
-        tok = load_tokenizer(source)
-        eos = tuple(model_cfg.eos_token_ids) or ((tok.eos_token_id,) if tok.eos_token_id
-                                                  is not None else ())
-        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-        codec = Codec(tok, cfg.task.prompt_style, task, int(pad), tuple(int(e) for e in eos))
+        char_vocab = os.path.join(str(source), "char_tokenizer.json")
+        if os.path.isfile(char_vocab):  # a policy exported by a scratch run of this CLI
+            tok = CharTokenizer.load(str(source))
+            codec = Codec(tok, cfg.task.prompt_style, task, tok.pad_id, (tok.eos_id,))
+        else:
+            tok = load_tokenizer(source)
+            eos = tuple(model_cfg.eos_token_ids) or ((tok.eos_token_id,) if tok.eos_token_id
+                                                      is not None else ())
+            pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+            codec = Codec(tok, cfg.task.prompt_style, task, int(pad),
+                          tuple(int(e) for e in eos))
 
     loss_cfg = grpo.LossConfig(
         clip_eps=cfg.train.clip_eps, clip_eps_high=cfg.train.clip_eps_high or None,
@@ -231,9 +237,18 @@ def run(cfg: Any) -> RunResult:
         in_shardings=(fns.state_shardings.params, fns.batch_sharding, fns.batch_sharding, rep),
         out_shardings=fns.batch_sharding)
     eval_bs = _round_up(min(64, max(1, len(eval_problems))), div)
+    k = cfg.eval.num_samples
+    eval_sample_k = jax.jit(
+        lambda p, pt, pm, key: sampler.sample(
+            tr.cast_params(p, jnp.bfloat16), pt, pm, key, model_cfg,
+            max_new_tokens=R.max_new_tokens, temperature=R.temperature, top_k=R.top_k,
+            top_p=R.top_p, eos_id=codec.eos_ids or None, num_samples=k),
+        in_shardings=(fns.state_shardings.params, fns.batch_sharding, fns.batch_sharding, rep),
+        out_shardings=fns.batch_sharding) if k > 1 else None
 
     def evaluate(params: Any) -> dict[str, float]:
-        correct, lengths = [], []
+        """Greedy pass@1 on the held-out split (and sampled pass@k when eval.num_samples > 1)."""
+        correct, lengths, passk = [], [], []
         for i in range(0, len(eval_problems), eval_bs):
             chunk = eval_problems[i:i + eval_bs]
             padded = chunk + [chunk[-1]] * (eval_bs - len(chunk))
@@ -245,8 +260,20 @@ def run(cfg: Any) -> RunResult:
                 text = codec.decode(toks[j], msk[j])
                 correct.append(bool(task.verify(text, prob)))
                 lengths.append(float(np.sum(msk[j] > 0)))
-        return {"accuracy": float(np.mean(correct)), "n": len(correct),
-                "response_len": float(np.mean(lengths))}
+            if eval_sample_k is not None:
+                out = eval_sample_k(params, to_global(pt, fns.batch_sharding),
+                                    to_global(pm, fns.batch_sharding),
+                                    jax.random.fold_in(jax.random.key(cfg.seed), i))
+                toks, msk = to_host(out.tokens), to_host(out.mask)
+                for j, prob in enumerate(chunk):
+                    c = sum(bool(task.verify(codec.decode(toks[j * k + g], msk[j * k + g]),
+                                             prob)) for g in range(k))
+                    passk.append(pass_at_k(k, c, k))
+        res = {"accuracy": float(np.mean(correct)), "n": len(correct),
+               "response_len": float(np.mean(lengths))}
+        if passk:
+            res[f"pass@{k}"] = float(np.mean(passk))
+        return res
 
     # -- resume
     manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
@@ -255,8 +282,17 @@ def run(cfg: Any) -> RunResult:
     start = ckpt.latest_step(manager)
     eval_before = None
     history: list[dict[str, Any]] = []
+    use_ref = loss_cfg.beta_kl > 0
+    ref_params = None
+
+    def payload(state: Any, ref: Any) -> Any:
+        # The KL reference (the policy at GRPO step 0) travels with every
+        # checkpoint, so a resumed run keeps the same reference.
+        return (state, ref) if use_ref else state
+
     if start is not None:
-        state = ckpt.restore(manager, start, state)
+        restored = ckpt.restore(manager, start, payload(state, state.params))
+        state, ref_params = restored if use_ref else (restored, None)
         meta = ckpt.read_metadata(manager, start)
         eval_before = meta.get("eval_before")
         P = int(meta.get("prompt_bucket", P))
@@ -294,15 +330,15 @@ def run(cfg: Any) -> RunResult:
         if is_main:
             print(f"held-out accuracy before GRPO: {eval_before['accuracy']:.3f} "
                   f"(n={eval_before['n']})", flush=True)
-        ckpt.save(manager, 0, state, {"eval_before": eval_before, "prompt_bucket": P})
+        if use_ref:
+            ref_params = jax.tree.map(jnp.copy, state.params)
+        ckpt.save(manager, 0, payload(state, ref_params),
+                  {"eval_before": eval_before, "prompt_bucket": P})
     if is_main:
         with open(metrics_path, "w") as f:
             for r in history:
                 f.write(json.dumps(r) + "\n")
 
-    ref_params = state.params if loss_cfg.beta_kl > 0 else None
-    if ref_params is not None:
-        ref_params = jax.tree.map(jnp.copy, ref_params)
     writer = _tb_writer(out_dir) if (cfg.log.tensorboard and is_main) else None
     reward_cfg = RewardConfig(format_weight=T.reward_format_weight)
     start = start or 0
@@ -345,12 +381,13 @@ def run(cfg: Any) -> RunResult:
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 alpha=f"{record['alpha']:.2f}", d=f"{record['d_bar']:.3f}")
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-            ckpt.save(manager, step + 1, state, {"eval_before": eval_before,
-                                                 "prompt_bucket": P})
+            ckpt.save(manager, step + 1, payload(state, ref_params),
+                      {"eval_before": eval_before, "prompt_bucket": P})
     if T.steps > start or eval_after is None:
         eval_after = evaluate(state.params)
     if cfg.checkpoint.every and T.steps % cfg.checkpoint.every:
-        ckpt.save(manager, T.steps, state, {"eval_before": eval_before, "prompt_bucket": P})
+        ckpt.save(manager, T.steps, payload(state, ref_params),
+                  {"eval_before": eval_before, "prompt_bucket": P})
     ckpt.close(manager)
     if writer is not None:
         writer.close()

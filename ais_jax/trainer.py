@@ -96,7 +96,7 @@ def rollout_params(params: Any, s: StepSettings) -> Any:
 
 
 def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array,
-            s: StepSettings) -> RolloutBatch:
+            s: StepSettings, mesh: Mesh | None = None) -> RolloutBatch:
     """Quantize (weight sync) and sample ``G`` completions per prompt.
 
     Args:
@@ -105,11 +105,16 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
       prompt_mask: ``[Pn, P]``.
       key: PRNG key of this step.
       s: settings.
+      mesh: when given, the rollout copy is re-laid out once (here, at the weight
+        sync) to the rollout sharding: no FSDP axis, so the decode loop never
+        all-gathers weights.
 
     Returns:
       `RolloutBatch` with ``Pn * G`` rows.
     """
     rp = rollout_params(params, s)
+    if mesh is not None:
+        rp = jax.lax.with_sharding_constraint(rp, shd.param_shardings(rp, mesh, rollout=True))
     out = sampler.sample(
         rp, prompt_tokens, prompt_mask, key, s.model, max_new_tokens=s.max_new_tokens,
         temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
@@ -180,6 +185,14 @@ def update(
     adv_seq = grpo.group_advantages(rewards).reshape(B)  # [B]
     adv_tok = jnp.broadcast_to(adv_seq[:, None], (B, N))  # [B, N]
     logp_old = jax.lax.stop_gradient(trainer_logprobs(state.params, batch, s))  # [B, N]
+    # With top-k / top-p the trainer recomputes the truncated set from its own
+    # logits; a sampled token outside it has logp_old = -inf (probability 0
+    # under the trainer's sampling distribution).  Such tokens carry no usable
+    # ratio: drop them from AIS and the loss (counted in `dropped_tokens`).
+    finite = jnp.isfinite(logp_old)
+    dropped = jnp.sum((batch.mask > 0) & ~finite)
+    batch = batch._replace(mask=jnp.where(finite, batch.mask, 0.0))
+    logp_old = jnp.where(finite, logp_old, 0.0)
     res = ais_coefficient(logp_old, batch.logp, adv_tok, batch.mask, C=s.ais_cap,
                           delta=s.ais_delta, gamma=s.ais_gamma, beta_var=s.ais_beta_var,
                           eps=s.ais_eps, mode=s.ais_mode)
@@ -215,6 +228,7 @@ def update(
         "reward_std": jnp.std(rewards),
         "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
         "adv_abs_mean": jnp.mean(jnp.abs(adv_seq)),
+        "dropped_tokens": dropped.astype(jnp.float32),
         "logp_rollout_mean": jnp.sum(jnp.where(valid, batch.logp, 0.0))
         / jnp.maximum(jnp.sum(valid), 1),
         **stats,
@@ -291,7 +305,7 @@ def build_step_fns(
     rollout_sh = RolloutBatch(b2, b2, b2, b2, b2)
 
     def rollout_fn(params, prompt_tokens, prompt_mask, key):
-        return rollout(params, prompt_tokens, prompt_mask, key, s)
+        return rollout(params, prompt_tokens, prompt_mask, key, s, mesh)
 
     rollout_jit = jax.jit(rollout_fn, in_shardings=(st_sh.params, b2, b2, rep),
                           out_shardings=rollout_sh)
