@@ -1,4 +1,4 @@
-"""Cost of `ais_coefficient` (+ advantage weighting) under jit vs a forward+backward of a small model.
+"""Cost of `ais_coefficient` (+ weighting) under jit vs a forward+backward of a small model.
 
 Both run in one process, alternating A B A B; medians and the ratio are printed.
 
