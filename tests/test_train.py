@@ -22,7 +22,7 @@ import pytest
 
 from ais_jax import train
 from ais_jax import trainer as tr
-from ais_jax.config import load_config
+from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
 
 TINY = [
     "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
@@ -79,7 +79,9 @@ def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, capsys):
 def reference_run(tmp_path_factory):
     """One uninterrupted 3-step run on 1 device (in-process)."""
     out = tmp_path_factory.mktemp("ref")
-    cfg = load_config(None, [f"out_dir={out}", *TINY, "train.steps=3", "checkpoint.every=1"])
+    # The CLI runs below start from the default config file: so does this one.
+    cfg = load_config(DEFAULT_CONFIG_PATH,
+                      [f"out_dir={out}", *TINY, "train.steps=3", "checkpoint.every=1"])
     result = train.run(cfg)
     return out, result
 
