@@ -86,12 +86,32 @@ def sequence_logprobs(
       ``[B, N]`` float32 ``log pi(tokens[:, n] | prompt, tokens[:, :n])``.
       Positions after EOS are computed too (mask them downstream).
     """
+    logits = completion_logits(params, prompt_tokens, prompt_mask, tokens, cfg)  # [B, N, V]
+    return token_logprobs(logits, tokens, temperature)  # [B, N]
+
+
+def completion_logits(
+    params: dict,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    tokens: jax.Array,
+    cfg: model_lib.ModelConfig,
+) -> jax.Array:
+    """Logits ``[B, N, V]`` (float32) that predict each generated token from its prefix.
+
+    Args:
+      params: policy params.
+      prompt_tokens: ``[B, P]`` left-padded prompts.
+      prompt_mask: ``[B, P]``.
+      tokens: ``[B, N]`` generated tokens.
+      cfg: model config.
+    """
     P = prompt_tokens.shape[1]
     seq = jnp.concatenate([prompt_tokens, tokens], axis=1)  # [B, P+N]
     seq_mask = jnp.concatenate([prompt_mask.astype(jnp.bool_),
                                 jnp.ones(tokens.shape, jnp.bool_)], axis=1)
     logits = model_lib.forward(params, seq[:, :-1], cfg, seq_mask[:, :-1])  # [B, P+N-1, V]
-    return token_logprobs(logits[:, P - 1:], tokens, temperature)  # [B, N]
+    return logits[:, P - 1:]  # [B, N, V]
 
 
 class LossConfig(NamedTuple):

@@ -141,11 +141,8 @@ def trainer_logprobs(params: Any, batch: RolloutBatch, s: StepSettings) -> jax.A
     if s.top_k == 0 and s.top_p >= 1.0:
         return grpo.sequence_logprobs(p, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
                                       s.model, s.temperature)
-    Pl = batch.prompt_tokens.shape[1]
-    seq = jnp.concatenate([batch.prompt_tokens, batch.tokens], axis=1)  # [B, P+N]
-    seq_mask = jnp.concatenate([batch.prompt_mask.astype(jnp.bool_),
-                                jnp.ones(batch.tokens.shape, jnp.bool_)], axis=1)
-    logits = forward(p, seq[:, :-1], s.model, seq_mask[:, :-1])[:, Pl - 1:]  # [B, N, V]
+    logits = grpo.completion_logits(p, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
+                                    s.model)  # [B, N, V]
     return sampler.token_logprobs_from_logits(logits, batch.tokens, s.temperature, s.top_k,
                                               s.top_p)
 
