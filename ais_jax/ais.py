@@ -110,6 +110,9 @@ def ais_coefficient(
     beta_var: float = 1.0,
     eps: float = 1e-6,
     mode: str = "ais",
+    use_ess: bool = True,
+    use_mis: bool = True,
+    use_var: bool = True,
 ) -> AISResult:
     """Adaptive importance-sampling weights for FP8-rollout policy gradients.
 
@@ -131,6 +134,10 @@ def ais_coefficient(
       eps: stabilizer of ``std(A)``.
       mode: ``"ais"`` (adaptive alpha), ``"tis"`` (alpha = 1: truncated IS) or
         ``"none"`` (alpha = 0: no correction).
+      use_ess, use_mis, use_var: ablation switches of mode ``"ais"``: a term
+        switched off enters alpha as its neutral value (``alpha_ess`` and
+        ``alpha_mis`` as 1, ``alpha_var`` as 0); the result still reports the
+        measured statistic.
 
     Returns:
       `AISResult`; ``result.advantages`` is the reweighted advantage ``A_tilde``.
@@ -169,7 +176,9 @@ def ais_coefficient(
     alpha_var = jnp.maximum(0.0, (var_amp - gamma) / gamma)
 
     if mode == "ais":
-        alpha = jnp.clip(alpha_ess - beta_var * alpha_var, 0.0, 1.0) * alpha_mis
+        a_ess = alpha_ess if use_ess else 1.0
+        a_var = beta_var * alpha_var if use_var else 0.0
+        alpha = jnp.clip(a_ess - a_var, 0.0, 1.0) * (alpha_mis if use_mis else 1.0)
     elif mode == "tis":
         alpha = jnp.ones((), jnp.float32)
     else:

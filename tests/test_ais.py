@@ -34,6 +34,25 @@ def test_worked_example():
     np.testing.assert_allclose(float(r.ess_ratio), float(r.alpha_ess) ** 2, rtol=1e-6)
 
 
+def test_term_ablation_switches():
+    # Worked example: alpha_ess 0.922, alpha_var 0.075, alpha_mis 1.
+    r = _golden()
+    no_var = ais_coefficient(jnp.log(W_BAR), jnp.zeros(4), ADV, jnp.ones(4), use_var=False)
+    np.testing.assert_allclose(float(no_var.alpha), float(r.alpha_ess), rtol=1e-6)
+    no_ess = ais_coefficient(jnp.log(W_BAR), jnp.zeros(4), ADV, jnp.ones(4), use_ess=False)
+    np.testing.assert_allclose(float(no_ess.alpha), 1.0 - float(r.alpha_var), rtol=1e-6)
+    # alpha_mis only matters below delta: d_bar = 0.005 gives alpha_mis = 0.25.
+    lt = jnp.log(W_BAR) * 0.005 / float(r.d_bar)
+    small = ais_coefficient(lt, jnp.zeros(4), ADV, jnp.ones(4))
+    no_mis = ais_coefficient(lt, jnp.zeros(4), ADV, jnp.ones(4), use_mis=False)
+    np.testing.assert_allclose(float(small.alpha_mis), 0.25, rtol=1e-4)
+    np.testing.assert_allclose(float(no_mis.alpha), float(small.alpha) / 0.25, rtol=1e-4)
+    assert float(no_mis.alpha_mis) == float(small.alpha_mis)  # still reported as measured
+    both = ais_coefficient(jnp.log(W_BAR), jnp.zeros(4), ADV, jnp.ones(4), use_ess=False,
+                           use_mis=False, use_var=False)
+    assert float(both.alpha) == 1.0  # nothing left: truncated IS
+
+
 def _numpy_reference(lt, lr, adv, mask, C=5.0, delta=0.02, gamma=1.2, beta_var=1.0, eps=1e-6):
     v = mask.astype(bool)
     d = (lt - lr)[v]
