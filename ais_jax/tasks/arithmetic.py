@@ -120,6 +120,28 @@ def verify(text: str, problem: base.Problem) -> bool:
     return value is not None and value == problem.metadata["value"]
 
 
+def forgotten_carries(problem: base.Problem) -> str:
+    """The answer of a solver that forgets every carry: column sums taken mod 10.
+
+    Defined for pure additions of non-negative operands (``"57+68="`` -> ``"15"``
+    instead of ``"125"``); any other expression, and an addition without a
+    carry, gets its correct answer.
+
+    Args:
+      problem: an arithmetic problem.
+
+    Returns:
+      The flawed answer as a decimal string.
+    """
+    expression = problem.metadata["expression"]
+    terms = expression.split("+")
+    if not all(t.isdigit() for t in terms):
+        return problem.answer
+    width = max(len(t) for t in terms)
+    columns = [sum(int(t.rjust(width, "0")[i]) for t in terms) % 10 for i in range(width)]
+    return str(int("".join(map(str, columns))))
+
+
 def format_ok(text: str) -> bool:
     """Whether the completion gives a non-empty ``<answer>...</answer>``."""
     return bool(last_tag(text))
@@ -133,5 +155,6 @@ TASK = base.Task(
     extract=extract,
     verify=verify,
     format_ok=format_ok,
+    mistake=forgotten_carries,
     description="Integer arithmetic with + - * and exact /.",
 )

@@ -68,6 +68,10 @@ class Task:
         form the chat prompt asks for.
       score: optional ``(completion, problem) -> float`` in ``[0, 1]`` for
         tasks with partial credit; ``None`` means ``float(verify(...))``.
+      mistake: optional ``Problem -> str``, the answer a typical flawed solver
+        writes (arithmetic: every carry forgotten); may equal ``problem.answer``
+        when the mistake does not arise.  Used by the supervised warm start to
+        imitate an imperfect demonstrator (``sft.mistake_rate``).
       description: one line for listings.
     """
 
@@ -79,6 +83,7 @@ class Task:
     verify: Callable[[str, Problem], bool]
     format_ok: Callable[[str], bool]
     score: Callable[[str, Problem], float] | None = None
+    mistake: Callable[[Problem], str] | None = None
     description: str = ""
 
 

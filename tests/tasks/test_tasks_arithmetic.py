@@ -89,3 +89,14 @@ def test_ops_knob():
 def test_chat_prompt():
     (msg,) = arithmetic.chat_messages(P)
     assert "12+7*3" in msg["content"] and "<answer>" in msg["content"]
+
+
+@pytest.mark.parametrize(
+    "expression,value,flawed",
+    [("57+68", 125, "15"), ("46+27", 73, "63"), ("63+15", 78, "78"), ("99+1", 100, "90"),
+     ("5+5+5", 15, "5"), ("12-7", 5, "5"), ("3*4", 12, "12")],
+)  # fmt: skip
+def test_forgotten_carries(expression, value, flawed):
+    # Column sums mod 10 for pure additions; any other expression keeps its answer.
+    assert arithmetic.forgotten_carries(_problem(expression, value)) == flawed
+    assert arithmetic.TASK.mistake is arithmetic.forgotten_carries
