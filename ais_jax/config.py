@@ -108,6 +108,9 @@ class AISSection:
     gamma: float = 1.2  # variance-amplification threshold of alpha_var, > 0
     beta_var: float = 1.0  # weight of alpha_var in alpha, >= 0
     eps: float = 1e-6  # numerical floor in the statistics, > 0
+    use_ess: bool = True  # ablation: false puts alpha_ess = 1 into alpha (mode ais)
+    use_mis: bool = True  # ablation: false puts alpha_mis = 1 into alpha (mode ais)
+    use_var: bool = True  # ablation: false puts alpha_var = 0 into alpha (mode ais)
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,10 @@ class SFTSection:
     """Supervised warm start on generated solutions (scratch models)."""
 
     steps: int = 0  # SFT steps before RL; 0 skips the warm start
-    learning_rate: float = 1e-3  # AdamW learning rate of the warm start
+    learning_rate: float = 1e-3  # AdamW peak learning rate of the warm start (cosine decay to 10%)
+    warmup_steps: int = 0  # linear warmup steps of the warm-start lr (at most sft.steps - 1)
     batch_size: int = 64  # problems per SFT step
+    mistake_rate: float = 0.0  # share of demonstrations with the task's typical mistake; 0 = none
 
 
 @dataclass(frozen=True)
@@ -577,6 +582,9 @@ def validate(cfg: Config) -> None:
     _require(s.steps >= 0, f"sft.steps must be >= 0 (0 skips SFT), got {s.steps}")
     _require(s.learning_rate > 0, f"sft.learning_rate must be > 0, got {s.learning_rate}")
     _require(s.batch_size >= 1, f"sft.batch_size must be >= 1, got {s.batch_size}")
+    _require(0.0 <= s.mistake_rate < 1.0,
+             f"sft.mistake_rate must be in [0, 1), got {s.mistake_rate}")
+    _require(s.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {s.warmup_steps}")
 
     _require(
         cfg.eval.every >= 0,

@@ -87,9 +87,41 @@ class Codec:
             return self.tokenizer.decode(keep)
         return self.tokenizer.decode(keep, skip_special_tokens=True)
 
-    def encode_answer(self, problem: Any) -> list[int]:
-        """Target ids of the supervised warm start (compact style): answer + EOS."""
-        return self.tokenizer.encode(problem.answer, add_eos=True)
+    def encode_answer(self, problem: Any, answer: str | None = None) -> list[int]:
+        """Target ids of the supervised warm start (compact style): answer + EOS.
+
+        ``answer`` replaces ``problem.answer`` (a flawed demonstration).
+        """
+        return self.tokenizer.encode(problem.answer if answer is None else answer, add_eos=True)
+
+
+def sft_batch(problems: Sequence[Any], flawed: Sequence[bool], codec: Codec, length: int,
+              max_answer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forcing batch of the supervised warm start.
+
+    Args:
+      problems: ``B`` problems.
+      flawed: ``[B]``; True shows the task's typical mistake (``task.mistake``)
+        instead of the correct answer (``sft.mistake_rate``).
+      codec: prompt / answer encoding.
+      length: sequence length ``T`` (prompt bucket + new tokens).
+      max_answer: answer + EOS tokens kept (``rollout.max_new_tokens``).
+
+    Returns:
+      ``(tokens [B, T] int32, loss_mask [B, T] float32)``: prompt then answer
+      + EOS, right-padded; the mask is 1 on the answer and EOS tokens.
+    """
+    toks = np.full((len(problems), length), codec.pad_id, np.int32)
+    lm = np.zeros((len(problems), length), np.float32)
+    for j, (p, bad) in enumerate(zip(problems, flawed, strict=True)):
+        pr = codec.encode_prompt(p)
+        ans = codec.encode_answer(p, codec.task.mistake(p) if bad else None)[:max_answer]
+        if len(pr) + len(ans) > length:
+            raise UsageError(f"a warm-start sequence has {len(pr) + len(ans)} tokens, more than "
+                             f"{length}")
+        toks[j, :len(pr) + len(ans)] = pr + ans
+        lm[j, len(pr):len(pr) + len(ans)] = 1.0
+    return toks, lm
 
 
 def _left_pad(seqs: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +170,10 @@ def run(cfg: Any) -> RunResult:
             f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} needs "
             f"{m.data * m.fsdp * m.tensor} devices but only {n_dev} are visible; lower the mesh "
             "sizes (on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
+    if cfg.sft.mistake_rate > 0 and getattr(task, "mistake", None) is None:
+        raise UsageError(f"sft.mistake_rate={cfg.sft.mistake_rate} needs a task with a typical "
+                         f"mistake, and task {cfg.task.name!r} defines none; set "
+                         "sft.mistake_rate=0")
     mesh = shd.make_mesh(m.data, m.fsdp, m.tensor)
     div = shd.batch_divisor(mesh)
     R = cfg.rollout
@@ -190,6 +226,7 @@ def run(cfg: Any) -> RunResult:
         kv_cache_fp8=R.kv_cache_fp8, compute_dtype=cfg.model.compute_dtype,
         ais_mode=cfg.ais.mode, ais_cap=cfg.ais.C, ais_delta=cfg.ais.delta,
         ais_gamma=cfg.ais.gamma, ais_beta_var=cfg.ais.beta_var, ais_eps=cfg.ais.eps,
+        ais_terms=(cfg.ais.use_ess, cfg.ais.use_mis, cfg.ais.use_var),
         loss=loss_cfg, epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
 
     T = cfg.train
@@ -198,10 +235,12 @@ def run(cfg: Any) -> RunResult:
         lr = optax.linear_schedule(0.0, T.learning_rate, T.warmup_steps)
     optimizer = grpo.make_optimizer(lr, clip_norm=T.clip_norm or None,
                                     weight_decay=T.weight_decay)
-    sft_opt = (grpo.make_optimizer(optax.cosine_decay_schedule(cfg.sft.learning_rate,
-                                                               cfg.sft.steps, 0.1),
-                                   clip_norm=1.0)
-               if cfg.sft.steps > 0 and cfg.model.source == "scratch" else None)
+    sft_opt = None
+    if cfg.sft.steps > 0 and cfg.model.source == "scratch":
+        sft_lr = optax.warmup_cosine_decay_schedule(
+            0.0, cfg.sft.learning_rate, min(cfg.sft.warmup_steps, cfg.sft.steps - 1), cfg.sft.steps,
+            0.1 * cfg.sft.learning_rate)
+        sft_opt = grpo.make_optimizer(sft_lr, clip_norm=1.0)
 
     # -- data
     eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
@@ -247,8 +286,9 @@ def run(cfg: Any) -> RunResult:
         out_shardings=fns.batch_sharding) if k > 1 else None
 
     def evaluate(params: Any) -> dict[str, float]:
-        """Greedy pass@1 on the held-out split (and sampled pass@k when eval.num_samples > 1)."""
-        correct, lengths, passk = [], [], []
+        """Greedy pass@1 on the held-out split; with eval.num_samples = k > 1 also the
+        sampled accuracy (mean over k samples at the rollout temperature) and pass@k."""
+        correct, lengths, passk, mean_k = [], [], [], []
         for i in range(0, len(eval_problems), eval_bs):
             chunk = eval_problems[i:i + eval_bs]
             padded = chunk + [chunk[-1]] * (eval_bs - len(chunk))
@@ -269,9 +309,11 @@ def run(cfg: Any) -> RunResult:
                     c = sum(bool(task.verify(codec.decode(toks[j * k + g], msk[j * k + g]),
                                              prob)) for g in range(k))
                     passk.append(pass_at_k(k, c, k))
+                    mean_k.append(c / k)
         res = {"accuracy": float(np.mean(correct)), "n": len(correct),
                "response_len": float(np.mean(lengths))}
         if passk:
+            res["sampled_accuracy"] = float(np.mean(mean_k))
             res[f"pass@{k}"] = float(np.mean(passk))
         return res
 
@@ -309,17 +351,11 @@ def run(cfg: Any) -> RunResult:
             Ts = P + R.max_new_tokens
             it = range(cfg.sft.steps)
             bar = _progress(it, "sft", cfg.log.progress and is_main)
+            coins = np.random.default_rng([cfg.seed, 4242])  # flawed-demonstration coins
             for i in bar:
                 probs = train_problems(1, i, cfg.sft.batch_size)
-                seqs, lmask = [], []
-                for p in probs:
-                    pr, ans = codec.encode_prompt(p), codec.encode_answer(p)[:R.max_new_tokens]
-                    seqs.append(pr + ans)
-                    lmask.append([0] * len(pr) + [1] * len(ans))
-                toks = np.full((len(seqs), Ts), codec.pad_id, np.int32)
-                lm = np.zeros((len(seqs), Ts), np.float32)
-                for j, (sq, mk) in enumerate(zip(seqs, lmask, strict=True)):
-                    toks[j, :len(sq)], lm[j, :len(mk)] = sq, mk
+                flawed = coins.random(len(probs)) < cfg.sft.mistake_rate
+                toks, lm = sft_batch(probs, flawed, codec, Ts, R.max_new_tokens)
                 sft_params, sft_state, sm = fns.sft(sft_params, sft_state,
                                                     jnp.asarray(toks), jnp.asarray(lm))
                 if hasattr(bar, "set_postfix") and i % 20 == 0:
@@ -328,7 +364,7 @@ def run(cfg: Any) -> RunResult:
                                                          fns.state_shardings.params))
         eval_before = evaluate(state.params)
         if is_main:
-            print(f"held-out accuracy before GRPO: {eval_before['accuracy']:.3f} "
+            print(f"held-out accuracy before GRPO: {_fmt_eval(eval_before)} "
                   f"(n={eval_before['n']})", flush=True)
         if use_ref:
             ref_params = jax.tree.map(jnp.copy, state.params)
@@ -368,7 +404,10 @@ def run(cfg: Any) -> RunResult:
         record = {"step": step + 1, "accuracy": accuracy, **met,
                   "step_time_s": time.perf_counter() - t0}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < T.steps:
-            record["eval_accuracy"] = evaluate(state.params)["accuracy"]
+            ev = evaluate(state.params)
+            record["eval_accuracy"] = ev["accuracy"]
+            if "sampled_accuracy" in ev:
+                record["eval_sampled_accuracy"] = ev["sampled_accuracy"]
         history.append(record)
         if is_main:
             with open(metrics_path, "a") as f:
@@ -400,10 +439,18 @@ def run(cfg: Any) -> RunResult:
         with open(summary_path, "w") as f:
             json.dump({"eval_before": eval_before, "eval_after": eval_after,
                        "compiles": compiles, "steps": T.steps}, f, indent=1)
-        print(f"held-out accuracy after GRPO: {eval_after['accuracy']:.3f} "
-              f"(before: {eval_before['accuracy']:.3f}); policy exported to "
-              f"{os.path.join(out_dir, 'final')}", flush=True)
+        print(f"held-out accuracy after GRPO: {_fmt_eval(eval_after)} (before: "
+              f"{_fmt_eval(eval_before)}); policy exported to {os.path.join(out_dir, 'final')}",
+              flush=True)
     return result
+
+
+def _fmt_eval(ev: dict[str, Any]) -> str:
+    """``"greedy 0.715"`` or ``"greedy 0.715, sampled 0.642"``."""
+    out = f"greedy {ev['accuracy']:.3f}"
+    if "sampled_accuracy" in ev:
+        out += f", sampled {ev['sampled_accuracy']:.3f}"
+    return out
 
 
 def _make_task(cfg: Any) -> Any:

@@ -72,6 +72,7 @@ class StepSettings:
     ais_gamma: float = 1.2
     ais_beta_var: float = 1.0
     ais_eps: float = 1e-6
+    ais_terms: tuple[bool, bool, bool] = (True, True, True)  # use_ess, use_mis, use_var
     loss: grpo.LossConfig = grpo.DEFAULT_LOSS
     epochs: int = 1
     minibatches: int = 1
@@ -192,7 +193,8 @@ def update(
     logp_old = jnp.where(finite, logp_old, 0.0)
     res = ais_coefficient(logp_old, batch.logp, adv_tok, batch.mask, C=s.ais_cap,
                           delta=s.ais_delta, gamma=s.ais_gamma, beta_var=s.ais_beta_var,
-                          eps=s.ais_eps, mode=s.ais_mode)
+                          eps=s.ais_eps, mode=s.ais_mode, use_ess=s.ais_terms[0],
+                          use_mis=s.ais_terms[1], use_var=s.ais_terms[2])
     logp_ref = None
     if ref_params is not None and s.loss.beta_kl > 0:
         logp_ref = jax.lax.stop_gradient(trainer_logprobs(ref_params, batch, s))

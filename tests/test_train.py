@@ -28,8 +28,8 @@ TINY = [
     "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
     "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=8",
     "rollout.group_size=4", "rollout.max_new_tokens=4", "sft.steps=0",
-    "task.eval_size=8", "eval.every=0", "log.tensorboard=false", "log.progress=false",
-    "train.learning_rate=0.003",
+    "task.eval_size=8", "eval.every=0", "eval.num_samples=1", "log.tensorboard=false",
+    "log.progress=false", "train.learning_rate=0.003",
 ]
 # Metrics that depend on wall time, not on the computation.
 TIMING = {"step_time_s"}
@@ -66,6 +66,7 @@ def _assert_same_metrics(a, b, rtol):
     (["mesh.data=4"], "needs 4 devices but only 1"),
     (["model.source=/no/such/model"], "/no/such/model"),
     (["--config", "/no/such.yaml"], "/no/such.yaml"),
+    (["task.name=countdown", "sft.mistake_rate=0.5"], "task 'countdown' defines none"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, capsys):
     code = train.main([f"out_dir={tmp_path}", *TINY, *args])
@@ -73,6 +74,25 @@ def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, capsys):
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("error: ")
     assert needle in err
+
+
+def test_sft_batch_correct_and_flawed_demonstrations():
+    from ais_jax.tasks import CharTokenizer, get_task
+    from ais_jax.tasks.base import Problem
+
+    task, tok = get_task("arithmetic"), CharTokenizer()
+    codec = train.Codec(tok, "compact", task, tok.pad_id, (tok.eos_id,))
+    p = Problem("t", "", "125", {"expression": "57+68", "value": 125})
+    toks, lm = train.sft_batch([p, p], [False, True], codec, 16, 8)
+    prompt = tok.encode("57+68=", add_bos=True)
+    for row, answer in ((0, "125"), (1, "15")):  # the flawed row forgets both carries
+        target = tok.encode(answer, add_eos=True)
+        n = len(prompt) + len(target)
+        assert toks[row, :n].tolist() == prompt + target
+        assert (toks[row, n:] == tok.pad_id).all()
+        assert lm[row].tolist() == [0.0] * len(prompt) + [1.0] * len(target) + [0.0] * (16 - n)
+    with pytest.raises(train.UsageError, match="more than 8"):
+        train.sft_batch([p], [False], codec, 8, 8)
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +233,8 @@ def test_kl_reference_topk_and_passk_with_resume(tmp_path):
             "eval.num_samples=2", "checkpoint.every=1"]
     first = train.run(load_config(None, [*base, "train.steps=1"]))
     assert "pass@2" in first.eval_after and 0.0 <= first.eval_after["pass@2"] <= 1.0
+    # mean accuracy over the k samples never exceeds pass@k
+    assert 0.0 <= first.eval_after["sampled_accuracy"] <= first.eval_after["pass@2"]
     assert all(np.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in first.metrics)
     # (the k3 value itself is checked against NumPy in test_grpo.py; an untrained
     # tiny model gets all-zero rewards here, so the policy may not move)
