@@ -258,7 +258,7 @@ def run(cfg: Any) -> RunResult:
     state = tr.TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32),
                           jnp.zeros((), jnp.int32))
     fns = tr.build_step_fns(state, mesh, optimizer, sft_opt, s)
-    state = jax.device_put(state, fns.state_shardings)
+    state = _place(state, fns.state_shardings)
     rep = shd.replicated(mesh)
 
     def to_global(x: np.ndarray, sharding: Any) -> jax.Array:
@@ -360,7 +360,7 @@ def run(cfg: Any) -> RunResult:
                                                     jnp.asarray(toks), jnp.asarray(lm))
                 if hasattr(bar, "set_postfix") and i % 20 == 0:
                     bar.set_postfix(loss=f"{float(sm['loss']):.3f}")
-            state = state._replace(params=jax.device_put(sft_params,
+            state = state._replace(params=_place(sft_params,
                                                          fns.state_shardings.params))
         eval_before = evaluate(state.params)
         if is_main:
@@ -434,8 +434,12 @@ def run(cfg: Any) -> RunResult:
                 "eval": eval_sample._cache_size()}
     result = RunResult(history, eval_before, eval_after, compiles,
                        None if start == 0 else start)
+    # Params sharded across processes (FSDP over hosts) are gathered by every
+    # process (a collective), then written by the main one.
+    final_params = (multihost_utils.process_allgather(state.params, tiled=True)
+                    if jax.process_count() > 1 else state.params)
     if is_main:
-        _export(state.params, model_cfg, codec, cfg, out_dir)
+        _export(final_params, model_cfg, codec, cfg, out_dir)
         with open(summary_path, "w") as f:
             json.dump({"eval_before": eval_before, "eval_after": eval_after,
                        "compiles": compiles, "steps": T.steps}, f, indent=1)
@@ -443,6 +447,30 @@ def run(cfg: Any) -> RunResult:
               f"{_fmt_eval(eval_before)}); policy exported to {os.path.join(out_dir, 'final')}",
               flush=True)
     return result
+
+
+def _place(tree: Any, shardings: Any) -> Any:
+    """Lay ``tree`` out with ``shardings`` (a matching pytree of shardings).
+
+    One process: `jax.device_put`.  Several processes: every process holds the
+    same values (same seed, same computation), so each leaf is rebuilt as a
+    global array from its host copy; `jax.device_put` onto a mesh that spans
+    processes with one device each gave arrays whose shards could not be read
+    back (orbax failed on them at the first checkpoint, jax 0.10.2).
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    from jax.experimental import multihost_utils
+
+    def one(x: Any, sharding: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            x = multihost_utils.process_allgather(x, tiled=True)
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    return jax.tree.map(one, tree, shardings)
 
 
 def _fmt_eval(ev: dict[str, Any]) -> str:
