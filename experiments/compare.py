@@ -1,0 +1,425 @@
+"""The paper's comparison at small scale: BF16 / FP8 / FP8+TIS / FP8+AIS, stress runs, ablations.
+
+Two commands::
+
+    python experiments/compare.py run [--only NAME ...] [--dry-run]
+    python experiments/compare.py report
+
+``run`` trains every run of `RUNS` that has no log yet (each one is the
+embedded default ``configs/tiny_arithmetic.yaml`` plus the overrides listed
+below, so every arm gets the same budget) and copies its raw logs
+(``metrics.jsonl``, ``summary.json`` and ``run.json`` with the command and
+its wall time) to ``experiments/logs/NAME/``.  ``report`` reads only those
+logs and writes ``docs/results.md`` and the figures in ``docs/figures/``;
+running it twice gives the same ``results.md`` byte for byte.
+
+The interpretation paragraphs of the report live in
+``experiments/results_notes.md`` (hand-written after reading the numbers) and
+are copied in verbatim; every number in the tables comes from the logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = "configs/tiny_arithmetic.yaml"
+LOGS = os.path.join(ROOT, "experiments", "logs")
+NOTES = os.path.join(ROOT, "experiments", "results_notes.md")
+RESULTS = os.path.join(ROOT, "docs", "results.md")
+FIGURES = os.path.join(ROOT, "docs", "figures")
+
+SEEDS = (0, 1, 2)
+ARMS = {  # the paper's four arms
+    "bf16": ("rollout.precision=bf16", "ais.mode=none"),
+    "fp8": ("rollout.precision=fp8", "ais.mode=none"),
+    "fp8_tis": ("rollout.precision=fp8", "ais.mode=tis"),
+    "fp8_ais": ("rollout.precision=fp8", "ais.mode=ais"),
+}
+# A larger mismatch users meet in practice: E5M2 weights (2 mantissa bits) and
+# an FP8 output projection.
+STRESS = ("rollout.fp8_format=e5m2", "rollout.lm_head_fp8=true")
+STRESS_ARMS = ("fp8", "fp8_tis", "fp8_ais")
+ABLATIONS = {  # on the stress setting, seed 0; the base is stress_fp8_ais_s0
+    "no_ess": ("ais.use_ess=false",),
+    "no_mis": ("ais.use_mis=false",),
+    "no_var": ("ais.use_var=false",),
+    "C2": ("ais.C=2",),
+    "beta_var0.5": ("ais.beta_var=0.5",),
+    "beta_var2": ("ais.beta_var=2",),
+}
+COMMON = ("checkpoint.every=0", "log.progress=false", "log.tensorboard=false")
+REWARD_THRESHOLD = 0.7  # "steps to threshold": first step the 10-step mean reward reaches it
+WINDOW = 10
+
+
+def runs() -> dict[str, tuple[str, ...]]:
+    """Run name -> config overrides (COMMON and ``out_dir`` excluded)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for seed in SEEDS:
+        for arm, ov in ARMS.items():
+            out[f"{arm}_s{seed}"] = (*ov, f"seed={seed}")
+    # Run order = priority: the stress arms on seed 0, the ablations, then more seeds.
+    for arm in STRESS_ARMS:
+        out[f"stress_{arm}_s0"] = (*ARMS[arm], *STRESS, "seed=0")
+    for name, ov in ABLATIONS.items():
+        out[f"ablate_{name}_s0"] = (*ARMS["fp8_ais"], *STRESS, *ov, "seed=0")
+    for seed in SEEDS[1:]:
+        for arm in STRESS_ARMS:
+            out[f"stress_{arm}_s{seed}"] = (*ARMS[arm], *STRESS, f"seed={seed}")
+    return out
+
+
+# ------------------------------------------------------------------------ run
+
+
+def run_one(name: str, overrides: Sequence[str], scratch: str) -> None:
+    out_dir = os.path.join(scratch, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "ais_jax.train", "--config", CONFIG, f"out_dir={out_dir}",
+           *COMMON, *overrides]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"run {name} failed with status {proc.returncode}")
+    dest = os.path.join(LOGS, name)
+    os.makedirs(dest, exist_ok=True)
+    for f in ("metrics.jsonl", "summary.json"):
+        shutil.copy(os.path.join(out_dir, f), os.path.join(dest, f))
+    shown = ["python", "-m", "ais_jax.train", "--config", CONFIG, *COMMON, *overrides]
+    with open(os.path.join(dest, "run.json"), "w") as f:
+        json.dump({"command": " ".join(shown), "wall_s": round(wall, 1)}, f, indent=1)
+        f.write("\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    print(f"{name}: {wall:.0f} s", flush=True)
+
+
+def cmd_run(only: Sequence[str], dry_run: bool, scratch: str) -> None:
+    todo = {n: ov for n, ov in runs().items()
+            if (not only or any(n.startswith(o) for o in only))
+            and not os.path.exists(os.path.join(LOGS, n, "run.json"))}
+    for name, ov in todo.items():
+        if dry_run:
+            print(name, " ".join(ov))
+        else:
+            run_one(name, ov, scratch)
+
+
+# --------------------------------------------------------------------- report
+
+
+def load(name: str) -> dict | None:
+    d = os.path.join(LOGS, name)
+    if not os.path.exists(os.path.join(d, "run.json")):
+        return None
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(d, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(d, "run.json")) as f:
+        meta = json.load(f)
+    return {"rows": rows, "summary": summary, "meta": meta}
+
+
+def series(run: dict, key: str) -> np.ndarray:
+    return np.array([r[key] for r in run["rows"]], dtype=np.float64)
+
+
+def steps_to(run: dict, threshold: float) -> int | None:
+    r = series(run, "reward_mean")
+    for i in range(WINDOW - 1, len(r)):
+        if np.mean(r[i - WINDOW + 1:i + 1]) >= threshold:
+            return int(run["rows"][i]["step"])
+    return None
+
+
+def mean_sd(xs: Sequence[float], digits: int = 3) -> str:
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f}"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
+
+
+def run_stats(run: dict) -> dict[str, float | None]:
+    s = run["summary"]
+    n = len(run["rows"])
+    k = max(1, min(20, n // 5))
+    return {
+        "greedy_before": s["eval_before"]["accuracy"],
+        "greedy_after": s["eval_after"]["accuracy"],
+        "sampled_before": s["eval_before"].get("sampled_accuracy"),
+        "sampled_after": s["eval_after"].get("sampled_accuracy"),
+        "reward_first": float(np.mean(series(run, "reward_mean")[:k])),
+        "reward_last": float(np.mean(series(run, "reward_mean")[-k:])),
+        "steps_to": steps_to(run, REWARD_THRESHOLD),
+        "d_bar": float(np.mean(series(run, "d_bar"))),
+        "ess_early": float(np.mean(series(run, "ess_ratio")[:k])),
+        "ess_late": float(np.mean(series(run, "ess_ratio")[-k:])),
+        "alpha": float(np.mean(series(run, "alpha"))),
+        "skipped": float(series(run, "skipped").sum()),
+        "wall_s": run["meta"]["wall_s"],
+        "steps": n,
+    }
+
+
+COLUMNS = (
+    ("greedy_before", "greedy acc. before"),
+    ("greedy_after", "greedy acc. after"),
+    ("sampled_before", "sampled acc. before"),
+    ("sampled_after", "sampled acc. after"),
+    ("reward_last", "train reward, last 20 steps"),
+    ("steps_to", f"steps to reward {REWARD_THRESHOLD}"),
+    ("d_bar", "d_bar"),
+    ("ess_early", "ESS first 20"),
+    ("ess_late", "ESS last 20"),
+    ("alpha", "alpha"),
+    ("wall_s", "wall s / run"),
+)
+
+
+def table(groups: dict[str, list[dict]]) -> list[str]:
+    head = "| run | seeds | " + " | ".join(c[1] for c in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    for label, rs in groups.items():
+        if not rs:
+            lines.append(f"| {label} | 0 | " + " | ".join("-" for _ in COLUMNS) + " |")
+            continue
+        st = [run_stats(r) for r in rs]
+        cells = []
+        for key, _ in COLUMNS:
+            vals = [x[key] for x in st]
+            if key == "steps_to":
+                got = [v for v in vals if v is not None]
+                cells.append(mean_sd(got, 0) + (f" ({len(vals) - len(got)} never)"
+                                                if len(got) < len(vals) else ""))
+            elif key == "wall_s":
+                cells.append(f"{statistics.mean(vals):.0f}")
+            elif any(v is None for v in vals):
+                cells.append("-")
+            else:
+                cells.append(mean_sd(vals, 4 if key == "d_bar" else 3))
+        lines.append(f"| {label} | {len(rs)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def smooth(x: np.ndarray, w: int = WINDOW) -> np.ndarray:
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        lo = max(0, i - w + 1)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out
+
+
+def figure(path: str, title: str, ylabel: str, curves: dict[str, list[dict]], key: str,
+           smoothed: bool = True) -> bool:
+    """Draw the seed-mean curve (band: seed range) of each group; False when nothing to draw."""
+    curves = {k: v for k, v in curves.items() if v}
+    if not curves:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, rs in curves.items():
+        n = min(len(r["rows"]) for r in rs)
+        steps = np.array([r["step"] for r in rs[0]["rows"][:n]])
+        ys = np.stack([series(r, key)[:n] for r in rs])
+        ys = np.stack([smooth(y) for y in ys]) if smoothed else ys
+        m = ys.mean(0)
+        (line,) = ax.plot(steps, m, label=f"{label} (n={len(rs)})", linewidth=1.4)
+        if len(rs) > 1:
+            ax.fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+    ax.set_title(title)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    return True
+
+
+def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
+    """Write ``results`` (markdown) and the PNGs in ``figures`` from the logs."""
+    names = runs()
+    loaded = {n: load(n) for n in names}
+    have = {n: r for n, r in loaded.items() if r is not None}
+    if not have:
+        raise SystemExit(f"no logs under {LOGS}; run `python experiments/compare.py run` first")
+
+    def group(prefix: str, seeds: Sequence[int] = SEEDS) -> list[dict]:
+        return [have[f"{prefix}_s{s}"] for s in seeds if f"{prefix}_s{s}" in have]
+
+    main = {arm: group(arm) for arm in ARMS}
+    stress = {f"stress {arm}": group(f"stress_{arm}") for arm in STRESS_ARMS}
+    ablate = {"fp8_ais (stress, seed 0)": group("stress_fp8_ais", (0,))}
+    ablate |= {name: group(f"ablate_{name}", (0,)) for name in ABLATIONS}
+
+    os.makedirs(figures, exist_ok=True)
+    figs = [
+        ("results_reward.png", "Training reward (10-step mean; band = seed range)", "reward",
+         main, "reward_mean"),
+        ("results_ess.png", "ESS ratio over training (cf. the paper's Fig. 4)", "ESS / N",
+         {**main, **stress}, "ess_ratio"),
+        ("results_d_bar.png", "Mismatch d_bar", "mean |log-ratio|", {**main, **stress}, "d_bar"),
+        ("results_stress_reward.png", "Training reward, stress setting (E5M2 + FP8 lm_head)",
+         "reward", stress, "reward_mean"),
+    ]
+    drawn = set()
+    for fname, title, ylabel, curves, key in figs:
+        if figure(os.path.join(figures, fname), title, ylabel, curves, key):
+            drawn.add(fname)
+    for prefix, label in (("fp8_ais", "default"), ("stress_fp8_ais", "stress")):
+        rs = group(prefix)
+        if rs:
+            parts = {k: rs for k in ("alpha", "alpha_ess", "alpha_mis", "alpha_var")}
+            path = os.path.join(figures, f"results_alpha_{label}.png")
+            _alpha_figure(path, f"AIS alpha and its parts ({label} setting, seed mean)", parts)
+            drawn.add(os.path.basename(path))
+
+    def img(fname: str, alt: str) -> list[str]:
+        return [f"![{alt}](figures/{fname})", ""] if fname in drawn else []
+
+    cfg = _config_text()
+    lines = [
+        "# Results: BF16 / FP8 / FP8+TIS / FP8+AIS at small scale",
+        "",
+        "<!-- Generated by `python experiments/compare.py report` from the raw logs in",
+        "     experiments/logs/; do not edit by hand.",
+        "     The Reading section is experiments/results_notes.md. -->",
+        "",
+        "## Setting",
+        "",
+        f"Every run is the embedded default (`{CONFIG}`) with the overrides in its",
+        "`experiments/logs/NAME/run.json`; the same budget for every arm:",
+        "",
+        *cfg,
+        "",
+        "Columns: held-out accuracy on 200 problems never seen in training, greedy",
+        "(`accuracy`) and sampled at the rollout temperature (mean over 8 samples),",
+        "before GRPO (after the supervised warm start) and after it; training reward",
+        f"averaged over the last 20 steps; the first step at which the {WINDOW}-step mean",
+        f"training reward reaches {REWARD_THRESHOLD}; mean d_bar; ESS ratio averaged over",
+        "the first and the last 20 steps; mean alpha; wall time per run on a 2-core CPU.",
+        "Cells are mean ± sample standard deviation over seeds.",
+        "",
+        "## The four arms (3 seeds each)",
+        "",
+        *table(main),
+        "",
+        *img("results_reward.png", "reward"),
+        *img("results_ess.png", "ESS ratio"),
+        *img("results_d_bar.png", "d_bar"),
+        *img("results_alpha_default.png", "alpha"),
+        "## A larger mismatch: E5M2 weights and an FP8 lm_head",
+        "",
+        "Overrides on top of each arm: `" + " ".join(STRESS) + "`.",
+        "",
+        *table(stress),
+        "",
+        *img("results_stress_reward.png", "stress reward"),
+        *img("results_alpha_stress.png", "alpha stress"),
+        "## Ablations (stress setting, seed 0)",
+        "",
+        "Each row switches one thing off or changes one hyperparameter of the",
+        "`fp8_ais` stress run (first row): " + "; ".join(
+            f"`{n}`: `{' '.join(ov)}`" for n, ov in ABLATIONS.items()) + ".",
+        "",
+        *table(ablate),
+        "",
+        "## Reading",
+        "",
+    ]
+    if os.path.exists(NOTES):
+        with open(NOTES) as f:
+            lines += f.read().rstrip("\n").split("\n")
+    missing = sorted(n for n in names if n not in have)
+    if missing:
+        lines += ["", f"Runs without logs (not shown): {', '.join(missing)}."]
+    total = sum(r["meta"]["wall_s"] for r in have.values())
+    lines += ["", f"Total compute of the {len(have)} logged runs: {total / 60:.0f} min of wall "
+              "time on the 2-core CPU."]
+    with open(results, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {results} and {len(drawn)} figures in {figures}")
+
+
+def _alpha_figure(path: str, title: str, parts: dict[str, list[dict]]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for key, rs in parts.items():
+        n = min(len(r["rows"]) for r in rs)
+        steps = np.array([r["step"] for r in rs[0]["rows"][:n]])
+        ys = np.stack([smooth(series(r, key)[:n]) for r in rs])
+        ax.plot(steps, ys.mean(0), label=key, linewidth=1.4)
+    ax.set_title(title)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("value (10-step mean)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+
+
+def _config_text() -> list[str]:
+    """The budget-defining keys of the default config, read from the file."""
+    sys.path.insert(0, ROOT)
+    from ais_jax.config import load_config
+
+    c = load_config(os.path.join(ROOT, CONFIG), [])
+    m, r, t, s = c.model, c.rollout, c.train, c.sft
+    return [
+        f"- model: from scratch, D={m.hidden_size}, L={m.num_layers}, heads "
+        f"{m.num_heads}/{m.num_kv_heads}, MLP {m.intermediate_size}; task "
+        f"`{c.task.name}` {dict(c.task.difficulty)}",
+        f"- warm start: {s.steps} SFT steps x {s.batch_size} problems, lr {s.learning_rate}, "
+        f"mistake rate {s.mistake_rate}",
+        f"- GRPO: {t.steps} steps x {r.prompts_per_step} prompts x G={r.group_size}, "
+        f"lr {t.learning_rate}, {r.max_new_tokens} new tokens at T={r.temperature}",
+        f"- AIS: C={c.ais.C}, delta={c.ais.delta}, gamma={c.ais.gamma}, "
+        f"beta_var={c.ais.beta_var}",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train the runs that have no log yet")
+    r.add_argument("--only", nargs="*", default=[], help="name prefixes to run")
+    r.add_argument("--dry-run", action="store_true", help="list what would run")
+    r.add_argument("--scratch", default=os.path.join(ROOT, "runs", "compare"),
+                   help="where run directories live while training")
+    rep = sub.add_parser("report", help="regenerate docs/results.md and figures from the logs")
+    rep.add_argument("--out", default="", help="write DIR/results.md and DIR/figures/ instead")
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        cmd_run(a.only, a.dry_run, a.scratch)
+    elif a.out:
+        cmd_report(os.path.join(a.out, "results.md"), os.path.join(a.out, "figures"))
+    else:
+        cmd_report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
