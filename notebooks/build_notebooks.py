@@ -750,9 +750,9 @@ NB04: list[Cell] = [
     axis sizes, so an `AbstractMesh` shows what a `fsdp=4, tensor=2` layout (e.g. a
     TPU v5e-8) would be (the tiny model's vocabulary of 261 is not divisible by
     `tensor=2`, so that axis of `embed` stays replicated). `rollout=True` gives the layout intended for the FP8
-    rollout copy: the `fsdp` rule dropped, so that decoding would not gather weights.
-    (As of this version `train.run` does not apply that rollout layout yet; see
-    `docs/architecture.md`.)
+    rollout copy: the `fsdp` rule dropped, so that decoding does not gather weights
+    (`train.run` lays the FP8 copy out this way at every weight sync; see
+    `docs/architecture.md`).
     """),
     code(r"""
     big = AbstractMesh((1, 4, 2), ("data", "fsdp", "tensor"))

@@ -1,0 +1,64 @@
+"""Helper run in a subprocess by test_train.py: collectives inside the compiled decode loops.
+
+Prints one JSON line: for each decode `while` loop of the rollout program on a
+2-device `fsdp` mesh, the number of all-gather and all-reduce instructions in
+its body (and everything the body calls).
+"""
+
+import json
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from ais_jax import grpo
+from ais_jax import sharding as shd
+from ais_jax import trainer as tr
+from ais_jax.model import ModelConfig, init_params
+
+
+def main(act_scaling: str) -> None:
+    mc = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16)
+    s = tr.StepSettings(model=mc, group_size=2, max_new_tokens=4, act_scaling=act_scaling)
+    params = init_params(jax.random.key(0), mc)
+    opt = grpo.make_optimizer(1e-3)
+    state = tr.TrainState(params, opt.init(params), jnp.zeros((), jnp.int32),
+                          jnp.zeros((), jnp.int32))
+    fns = tr.build_step_fns(state, shd.make_mesh(1, 2, 1), opt, None, s)
+    state = jax.device_put(state, fns.state_shardings)
+    pt, pm = jnp.ones((4, 8), jnp.int32), jnp.ones((4, 8), bool)
+    hlo = fns.rollout.lower(state.params, pt, pm, jax.random.key(1)).compile().as_text()
+    comps: dict[str, list[str]] = {}
+    cur = None
+    for line in hlo.split("\n"):
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if m:
+            cur = m.group(1)
+            comps[cur] = []
+        elif cur is not None:
+            comps[cur].append(line)
+    pat = r"(?:body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)"
+    calls = {k: set(re.findall(pat, "\n".join(v))) for k, v in comps.items()}
+
+    def reach(c: str, seen: set[str]) -> set[str]:
+        for d in calls.get(c, ()):
+            if d not in seen:
+                seen.add(d)
+                reach(d, seen)
+        return seen
+
+    loops = []
+    for line in hlo.split("\n"):
+        if " while(" in line and "_sample_impl)/while" in line:
+            body = re.search(r"body=%([\w.\-]+)", line).group(1)
+            lines = [x for n in reach(body, {body}) for x in comps.get(n, [])]
+            loops.append({"all_gather": sum("all-gather" in x for x in lines),
+                          "all_reduce": sum("all-reduce" in x for x in lines),
+                          "ops": len(lines)})
+    print(json.dumps(loops))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
