@@ -1,8 +1,9 @@
 """Helper run in a subprocess by test_train.py: collectives inside the compiled decode loops.
 
-Prints one JSON line: for each decode `while` loop of the rollout program on a
-2-device `fsdp` mesh, the number of all-gather and all-reduce instructions in
-its body (and everything the body calls).
+``python _rollout_collectives.py tensor token`` prints one JSON line mapping
+each activation-scaling mode to, for each sampler `while` loop of the rollout
+program on a 2-device `fsdp` mesh, the number of all-gather and all-reduce
+instructions in its body (and everything the body calls).
 """
 
 import json
@@ -18,7 +19,7 @@ from ais_jax import trainer as tr
 from ais_jax.model import ModelConfig, init_params
 
 
-def main(act_scaling: str) -> None:
+def loops_of(act_scaling: str) -> list[dict[str, int]]:
     mc = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
     s = tr.StepSettings(model=mc, group_size=2, max_new_tokens=4, act_scaling=act_scaling)
@@ -57,8 +58,8 @@ def main(act_scaling: str) -> None:
             loops.append({"all_gather": sum("all-gather" in x for x in lines),
                           "all_reduce": sum("all-reduce" in x for x in lines),
                           "ops": len(lines)})
-    print(json.dumps(loops))
+    return loops
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    print(json.dumps({a: loops_of(a) for a in sys.argv[1:]}))
