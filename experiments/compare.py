@@ -162,6 +162,9 @@ def run_stats(run: dict) -> dict[str, float | None]:
         "greedy_after": s["eval_after"]["accuracy"],
         "sampled_before": s["eval_before"].get("sampled_accuracy"),
         "sampled_after": s["eval_after"].get("sampled_accuracy"),
+        "delta_greedy": s["eval_after"]["accuracy"] - s["eval_before"]["accuracy"],
+        "delta_sampled": (s["eval_after"]["sampled_accuracy"] - s["eval_before"]["sampled_accuracy"]
+                          if "sampled_accuracy" in s["eval_before"] else None),
         "reward_first": float(np.mean(series(run, "reward_mean")[:k])),
         "reward_last": float(np.mean(series(run, "reward_mean")[-k:])),
         "steps_to": steps_to(run, REWARD_THRESHOLD),
@@ -180,6 +183,8 @@ COLUMNS = (
     ("greedy_after", "greedy acc. after"),
     ("sampled_before", "sampled acc. before"),
     ("sampled_after", "sampled acc. after"),
+    ("delta_greedy", "Δ greedy"),
+    ("delta_sampled", "Δ sampled"),
     ("reward_last", "train reward, last 20 steps"),
     ("steps_to", f"steps to reward {REWARD_THRESHOLD}"),
     ("d_bar", "d_bar"),
@@ -212,6 +217,20 @@ def table(groups: dict[str, list[dict]]) -> list[str]:
             else:
                 cells.append(mean_sd(vals, 4 if key == "d_bar" else 3))
         lines.append(f"| {label} | {len(rs)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def per_run_table(runs_: dict[str, dict]) -> list[str]:
+    """One row per run: held-out accuracy before -> after (greedy, sampled), pass@8."""
+    lines = ["| run | greedy before -> after | sampled before -> after | pass@8 before -> after |",
+             "|---|---|---|---|"]
+    def pair(b: dict, a: dict, key: str) -> str:
+        return f"{b[key]:.3f} -> {a[key]:.3f}" if key in b and key in a else "-"
+
+    for name, r in runs_.items():
+        b, a = r["summary"]["eval_before"], r["summary"]["eval_after"]
+        cells = [pair(b, a, k) for k in ("accuracy", "sampled_accuracy", "pass@8")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -317,11 +336,18 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         f"averaged over the last 20 steps; the first step at which the {WINDOW}-step mean",
         f"training reward reaches {REWARD_THRESHOLD}; mean d_bar; ESS ratio averaged over",
         "the first and the last 20 steps; mean alpha; wall time per run on a 2-core CPU.",
-        "Cells are mean ± sample standard deviation over seeds.",
+        "Cells are mean ± sample standard deviation over seeds. The arms of one seed share",
+        "the same warm start (same seed), so the Δ columns (after minus before, per run)",
+        "compare the arms without the spread of the warm start.",
         "",
         "## The four arms (3 seeds each)",
         "",
         *table(main),
+        "",
+        "Per run (seed `sN`):",
+        "",
+        *per_run_table({f"{arm}_s{sd}": have[f"{arm}_s{sd}"] for sd in SEEDS for arm in ARMS
+                        if f"{arm}_s{sd}" in have}),
         "",
         *img("results_reward.png", "reward"),
         *img("results_ess.png", "ESS ratio"),
