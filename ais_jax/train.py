@@ -276,14 +276,14 @@ def run(cfg: Any) -> RunResult:
         in_shardings=(fns.state_shardings.params, fns.batch_sharding, fns.batch_sharding, rep),
         out_shardings=fns.batch_sharding)
     eval_bs = _round_up(min(64, max(1, len(eval_problems))), div)
-    k = cfg.eval.num_samples
+    eval_k = cfg.eval.num_samples
     eval_sample_k = jax.jit(
         lambda p, pt, pm, key: sampler.sample(
             tr.cast_params(p, jnp.bfloat16), pt, pm, key, model_cfg,
             max_new_tokens=R.max_new_tokens, temperature=R.temperature, top_k=R.top_k,
-            top_p=R.top_p, eos_id=codec.eos_ids or None, num_samples=k),
+            top_p=R.top_p, eos_id=codec.eos_ids or None, num_samples=eval_k),
         in_shardings=(fns.state_shardings.params, fns.batch_sharding, fns.batch_sharding, rep),
-        out_shardings=fns.batch_sharding) if k > 1 else None
+        out_shardings=fns.batch_sharding) if eval_k > 1 else None
 
     def evaluate(params: Any) -> dict[str, float]:
         """Greedy pass@1 on the held-out split; with eval.num_samples = k > 1 also the
@@ -306,15 +306,16 @@ def run(cfg: Any) -> RunResult:
                                     jax.random.fold_in(jax.random.key(cfg.seed), i))
                 toks, msk = to_host(out.tokens), to_host(out.mask)
                 for j, prob in enumerate(chunk):
-                    c = sum(bool(task.verify(codec.decode(toks[j * k + g], msk[j * k + g]),
-                                             prob)) for g in range(k))
-                    passk.append(pass_at_k(k, c, k))
-                    mean_k.append(c / k)
+                    c = sum(bool(task.verify(codec.decode(toks[j * eval_k + g],
+                                                          msk[j * eval_k + g]), prob))
+                            for g in range(eval_k))
+                    passk.append(pass_at_k(eval_k, c, eval_k))
+                    mean_k.append(c / eval_k)
         res = {"accuracy": float(np.mean(correct)), "n": len(correct),
                "response_len": float(np.mean(lengths))}
         if passk:
             res["sampled_accuracy"] = float(np.mean(mean_k))
-            res[f"pass@{k}"] = float(np.mean(passk))
+            res[f"pass@{eval_k}"] = float(np.mean(passk))
         return res
 
     # -- resume
@@ -413,9 +414,9 @@ def run(cfg: Any) -> RunResult:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             if writer is not None:
-                for k, v in record.items():
-                    if k != "step" and isinstance(v, float) and math.isfinite(v):
-                        writer.add_scalar(k, v, step + 1)
+                for name, v in record.items():
+                    if name != "step" and isinstance(v, float) and math.isfinite(v):
+                        writer.add_scalar(name, v, step + 1)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 alpha=f"{record['alpha']:.2f}", d=f"{record['d_bar']:.3f}")

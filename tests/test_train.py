@@ -292,17 +292,22 @@ def test_sft_warm_start_lowers_the_loss():
 
 
 def test_kl_reference_topk_and_passk_with_resume(tmp_path):
+    # eval.every=1 with sampled eval and TensorBoard on: the path of the default
+    # config (a loop variable once shadowed the eval's sample count there).
     base = [f"out_dir={tmp_path}", *TINY, "train.beta_kl=0.1", "rollout.top_k=5",
-            "eval.num_samples=2", "checkpoint.every=1"]
-    first = train.run(load_config(None, [*base, "train.steps=1"]))
+            "eval.num_samples=2", "checkpoint.every=1", "eval.every=1", "log.tensorboard=true"]
+    first = train.run(load_config(None, [*base, "train.steps=2"]))
     assert "pass@2" in first.eval_after and 0.0 <= first.eval_after["pass@2"] <= 1.0
     # mean accuracy over the k samples never exceeds pass@k
     assert 0.0 <= first.eval_after["sampled_accuracy"] <= first.eval_after["pass@2"]
+    # the mid-run eval (after step 1 of 2) logs greedy and sampled held-out accuracy
+    assert 0.0 <= first.metrics[0]["eval_sampled_accuracy"] <= 1.0
+    assert "eval_accuracy" in first.metrics[0] and "eval_accuracy" not in first.metrics[1]
     assert all(np.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in first.metrics)
     # (the k3 value itself is checked against NumPy in test_grpo.py; an untrained
     # tiny model gets all-zero rewards here, so the policy may not move)
     assert all(r["kl"] >= 0.0 for r in first.metrics)
-    second = train.run(load_config(None, [*base, "train.steps=2"]))
-    assert second.resumed_from == 1
-    assert [r["step"] for r in second.metrics] == [1, 2]
+    second = train.run(load_config(None, [*base, "train.steps=3"]))
+    assert second.resumed_from == 2
+    assert [r["step"] for r in second.metrics] == [1, 2, 3]
     assert np.isfinite(second.metrics[-1]["kl"])
