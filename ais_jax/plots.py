@@ -137,7 +137,7 @@ def _metrics_path(run_dir: str | os.PathLike) -> str:
     return os.path.join(run_dir, METRICS_FILE)
 
 
-def _smoothed(values: np.ndarray, window: int) -> np.ndarray:
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average over ``window`` points, NaN-aware (1 = unchanged)."""
     if window <= 1 or values.size == 0:
         return values
@@ -162,7 +162,7 @@ def _draw(
     for label, steps, vals in lines:
         marker = "o" if steps.size <= 30 else None
         window = 1 if label.startswith("eval_") else smooth  # sparse evaluations: raw
-        ax.plot(steps, _smoothed(vals, window), label=label, marker=marker, markersize=3)
+        ax.plot(steps, moving_average(vals, window), label=label, marker=marker, markersize=3)
     ax.set_title(title if smooth <= 1 else f"{title} (moving average of {smooth})")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)

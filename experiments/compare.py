@@ -28,11 +28,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
+from ais_jax.config import load_config  # noqa: E402
+from ais_jax.plots import moving_average  # noqa: E402
+
 CONFIG = "configs/tiny_arithmetic.yaml"
 LOGS = os.path.join(ROOT, "experiments", "logs")
 NOTES = os.path.join(ROOT, "experiments", "results_notes.md")
@@ -250,36 +255,19 @@ def parts_table(groups: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def smooth(x: np.ndarray, w: int = WINDOW) -> np.ndarray:
-    c = np.cumsum(np.insert(x, 0, 0.0))
-    out = np.empty_like(x)
-    for i in range(len(x)):
-        lo = max(0, i - w + 1)
-        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
-    return out
+def smooth(x: np.ndarray) -> np.ndarray:
+    return moving_average(x, WINDOW)
 
 
-def figure(path: str, title: str, ylabel: str, curves: dict[str, list[dict]], key: str,
-           smoothed: bool = True) -> bool:
-    """Draw the seed-mean curve (band: seed range) of each group; False when nothing to draw."""
-    curves = {k: v for k, v in curves.items() if v}
-    if not curves:
-        return False
+def _single_axes_png(path: str, title: str, ylabel: str, draw: Callable[[Any], None]) -> None:
+    """One Agg figure with one axes: ``draw(ax)`` adds the curves, then title, grid, legend."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.4, 3.8), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    for label, rs in curves.items():
-        n = min(len(r["rows"]) for r in rs)
-        steps = np.array([r["step"] for r in rs[0]["rows"][:n]])
-        ys = np.stack([series(r, key)[:n] for r in rs])
-        ys = np.stack([smooth(y) for y in ys]) if smoothed else ys
-        m = ys.mean(0)
-        (line,) = ax.plot(steps, m, label=f"{label} (n={len(rs)})", linewidth=1.4)
-        if len(rs) > 1:
-            ax.fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+    draw(ax)
     ax.set_title(title)
     ax.set_xlabel("RL step")
     ax.set_ylabel(ylabel)
@@ -287,6 +275,29 @@ def figure(path: str, title: str, ylabel: str, curves: dict[str, list[dict]], ke
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
+
+
+def _aligned(rs: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Steps ``[n]`` and smoothed values ``[runs, n]`` of ``key``, cut to the shortest run."""
+    n = min(len(r["rows"]) for r in rs)
+    steps = np.array([r["step"] for r in rs[0]["rows"][:n]])
+    return steps, np.stack([smooth(series(r, key)[:n]) for r in rs])
+
+
+def figure(path: str, title: str, ylabel: str, curves: dict[str, list[dict]], key: str) -> bool:
+    """Draw the seed-mean curve (band: seed range) of each group; False when nothing to draw."""
+    curves = {k: v for k, v in curves.items() if v}
+    if not curves:
+        return False
+
+    def draw(ax: Any) -> None:
+        for label, rs in curves.items():
+            steps, ys = _aligned(rs, key)
+            (line,) = ax.plot(steps, ys.mean(0), label=f"{label} (n={len(rs)})", linewidth=1.4)
+            if len(rs) > 1:
+                ax.fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+
+    _single_axes_png(path, title, ylabel, draw)
     return True
 
 
@@ -355,9 +366,8 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     for prefix, label in (("fp8_ais", "default"), ("stress_fp8_ais", "stress")):
         rs = group(prefix)
         if rs:
-            parts = {k: rs for k in ("alpha", "alpha_ess", "alpha_mis", "alpha_var")}
             path = os.path.join(figures, f"results_alpha_{label}.png")
-            _alpha_figure(path, f"AIS alpha and its parts ({label} setting, seed mean)", parts)
+            _alpha_figure(path, f"AIS alpha and its parts ({label} setting, seed mean)", rs)
             drawn.add(os.path.basename(path))
 
     def img(fname: str, alt: str) -> list[str]:
@@ -438,33 +448,19 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     print(f"wrote {results} and {len(drawn)} figures in {figures}")
 
 
-def _alpha_figure(path: str, title: str, parts: dict[str, list[dict]]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _alpha_figure(path: str, title: str, rs: list[dict]) -> None:
+    """Seed-mean alpha (dashed) and its three parts over training."""
+    def draw(ax: Any) -> None:
+        for key in ("alpha", "alpha_ess", "alpha_mis", "alpha_var"):
+            steps, ys = _aligned(rs, key)
+            ax.plot(steps, ys.mean(0), label=key, linewidth=2.2 if key == "alpha" else 1.2,
+                    linestyle="--" if key == "alpha" else "-")
 
-    fig = Figure(figsize=(6.4, 3.8), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    for key, rs in parts.items():
-        n = min(len(r["rows"]) for r in rs)
-        steps = np.array([r["step"] for r in rs[0]["rows"][:n]])
-        ys = np.stack([smooth(series(r, key)[:n]) for r in rs])
-        ax.plot(steps, ys.mean(0), label=key, linewidth=2.2 if key == "alpha" else 1.2,
-                linestyle="--" if key == "alpha" else "-")
-    ax.set_title(title)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("value (10-step mean)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
+    _single_axes_png(path, title, "value (10-step mean)", draw)
 
 
 def _config_text() -> list[str]:
     """The budget-defining keys of the default config, read from the file."""
-    sys.path.insert(0, ROOT)
-    from ais_jax.config import load_config
-
     c = load_config(os.path.join(ROOT, CONFIG), [])
     m, r, t, s = c.model, c.rollout, c.train, c.sft
     return [

@@ -95,8 +95,8 @@ def test_missing_metrics_skip_their_panel(tmp_path):
 
 def test_smoothing_is_a_nan_aware_trailing_mean():
     vals = np.array([1.0, 3.0, np.nan, 5.0])
-    np.testing.assert_allclose(plots._smoothed(vals, 2), [1.0, 2.0, 3.0, 5.0])
-    np.testing.assert_array_equal(plots._smoothed(vals, 1), vals)
+    np.testing.assert_allclose(plots.moving_average(vals, 2), [1.0, 2.0, 3.0, 5.0])
+    np.testing.assert_array_equal(plots.moving_average(vals, 1), vals)
 
 
 def test_plot_runs_overlays_arms(tmp_path):
