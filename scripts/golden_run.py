@@ -1,0 +1,63 @@
+"""The golden run: a short fixed-seed run of the embedded default whose metrics guard the numbers.
+
+``python scripts/golden_run.py`` (re)writes ``tests/golden/golden_run.json``;
+``tests/test_golden.py`` runs the same command and compares.  Regenerate only
+on purpose (a change that alters the numbers), in the same commit, and say why
+in its message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(ROOT, "tests", "golden", "golden_run.json")
+
+# The embedded default, shortened: 1-digit sums so 60 warm-start steps reach a
+# policy with a nonzero reward spread; two minibatches and a KL term so the
+# shuffle and reference-policy paths are guarded too.
+OVERRIDES = [
+    "sft.steps=60", "sft.warmup_steps=10", "train.steps=4", "train.learning_rate=1e-3",
+    "train.minibatches=2", "train.beta_kl=0.01", "rollout.prompts_per_step=8",
+    "task.eval_size=16", "task.difficulty.digits=1", "eval.every=2", "eval.num_samples=2",
+    "checkpoint.every=2", "log.tensorboard=false", "log.progress=false",
+]
+# Wall-clock fields: not part of the computation.
+TIMING = ("step_time_s",)
+
+
+def run_golden(out_dir: str) -> dict:
+    """Run the golden command into ``out_dir``; return its metrics and evaluations."""
+    cmd = [sys.executable, "-m", "ais_jax.train", "--config",
+           os.path.join(ROOT, "configs", "tiny_arithmetic.yaml"), f"out_dir={out_dir}",
+           *OVERRIDES]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"golden run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        summary = json.load(f)
+    for r in metrics:
+        for k in TIMING:
+            r.pop(k, None)
+    return {"overrides": OVERRIDES, "metrics": metrics,
+            "eval_before": summary["eval_before"], "eval_after": summary["eval_after"]}
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        result = run_golden(os.path.join(d, "run"))
+    os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
+    with open(GOLDEN, "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {GOLDEN}")
+
+
+if __name__ == "__main__":
+    main()
