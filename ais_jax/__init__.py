@@ -25,9 +25,9 @@ _EXPORTS = {
     "ModelConfig": "ais_jax.model",
     "init_params": "ais_jax.model",
     "forward": "ais_jax.model",
-    "load_pretrained": "ais_jax.checkpoints_hf",
-    "save_pretrained": "ais_jax.checkpoints_hf",
-    "load_tokenizer": "ais_jax.checkpoints_hf",
+    "load_pretrained": "ais_jax.pretrained",
+    "save_pretrained": "ais_jax.pretrained",
+    "load_tokenizer": "ais_jax.pretrained",
     "sample": "ais_jax.sampler",
     "Rollout": "ais_jax.sampler",
 }

@@ -32,13 +32,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ais_jax.errors import CheckpointError
+
 STATE = "state"
 METADATA = "metadata"
 SUBDIR = "checkpoints"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be written or restored; one line with the step directory and the fix."""
 
 
 def open_manager(out_dir: str | os.PathLike, keep: int) -> ocp.CheckpointManager:

@@ -5,7 +5,7 @@ argument of `jax.jit`).  `load_config` reads a YAML file whose top-level keys
 are ``seed``, ``out_dir`` and the section names below, then applies
 command-line overrides such as ``train.steps=3`` (the value is parsed as YAML)
 and checks the result with `validate`.  Every user mistake raises
-`ConfigError` with one line naming the bad key or value and the fix.
+`UsageError` with one line naming the bad key or value and the fix.
 
 Special values of ``model.source``: ``"scratch"`` (a tiny model trained from
 zero, sized by the ``model.*`` scratch fields) and ``"smollm2"`` (the
@@ -40,16 +40,14 @@ from typing import Any
 
 import yaml
 
+from ais_jax.errors import UsageError
+
 # The tiny end-to-end run; the trainer's default ``--config``.
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "tiny_arithmetic.yaml"
 SKIP_PATH_CHECK_ENV = "AIS_JAX_SKIP_PATH_CHECK"
 SPECIAL_SOURCES = ("scratch", "smollm2")
 
 Difficulty = tuple[tuple[str, int | float | str | bool], ...]
-
-
-class ConfigError(ValueError):
-    """A bad configuration; the message is one line naming the problem and the fix."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +226,7 @@ def all_keys() -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _unknown_key(key: str, where: str) -> ConfigError:
+def _unknown_key(key: str, where: str) -> UsageError:
     keys = all_keys()
     parent, _, leaf = key.rpartition(".")
     siblings = [k for k in keys if k.rpartition(".")[0] == parent]
@@ -242,9 +240,9 @@ def _unknown_key(key: str, where: str) -> ConfigError:
             difflib.get_close_matches(key, depth, n=1)
         )
     if close:
-        return ConfigError(f"unknown config key {key!r}{where}; did you mean {close[0]!r}?")
+        return UsageError(f"unknown config key {key!r}{where}; did you mean {close[0]!r}?")
     valid = siblings or [k for k in keys if "." not in k]
-    return ConfigError(f"unknown config key {key!r}{where}; valid keys: {', '.join(valid)}")
+    return UsageError(f"unknown config key {key!r}{where}; valid keys: {', '.join(valid)}")
 
 
 def _describe(value: Any) -> str:
@@ -257,45 +255,45 @@ def _convert(value: Any, tp: Any, key: str, where: str) -> Any:
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping of its keys{where}, got {_describe(value)}")
+            raise UsageError(f"{key} must be a mapping of its keys{where}, got {_describe(value)}")
         return _build(tp, value, key + ".", where)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(
+            raise UsageError(
                 f"{key} must be a bool (true or false){where}, got {_describe(value)}"
             )
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an int{where}, got {_describe(value)}")
+            raise UsageError(f"{key} must be an int{where}, got {_describe(value)}")
         return value
     if tp is float:
         if isinstance(value, str):  # PyYAML reads 1e-4 as a string
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(f"{key} must be a float{where}, got {_describe(value)}") from None
+                raise UsageError(f"{key} must be a float{where}, got {_describe(value)}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a float{where}, got {_describe(value)}")
+            raise UsageError(f"{key} must be a float{where}, got {_describe(value)}")
         if not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number{where}, got {value!r}")
+            raise UsageError(f"{key} must be a finite number{where}, got {value!r}")
         return float(value)
     if tp is str:
         if value is None:
             return ""
         if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a str{where}, got {_describe(value)}; quote it")
+            raise UsageError(f"{key} must be a str{where}, got {_describe(value)}; quote it")
         return value
     if tp == Difficulty:
         if value is None:
             return ()
         if not isinstance(value, Mapping):
-            raise ConfigError(
+            raise UsageError(
                 f"{key} must be a mapping such as {{digits: 2}}{where}, got {_describe(value)}"
             )
         for k, v in value.items():
             if not isinstance(k, str) or not isinstance(v, int | float | str | bool):
-                raise ConfigError(
+                raise UsageError(
                     f"{key} entries must map a name to a number, string or bool{where}, "
                     f"got {k!r}: {_describe(v)}"
                 )
@@ -364,7 +362,7 @@ def format_config(cfg: Config) -> str:
 def _read_yaml(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         what = "is a directory" if os.path.isdir(path) else "not found"
-        raise ConfigError(f"config file {path!r} {what}; pass the path of a YAML file")
+        raise UsageError(f"config file {path!r} {what}; pass the path of a YAML file")
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
@@ -372,15 +370,15 @@ def _read_yaml(path: str) -> dict[str, Any]:
         mark = e.problem_mark or e.context_mark
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = (e.problem or e.context or "invalid YAML").strip()
-        raise ConfigError(f"YAML syntax error in {path}{line}: {problem}; fix the file") from None
+        raise UsageError(f"YAML syntax error in {path}{line}: {problem}; fix the file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse YAML file {path}: {e}; fix the file") from None
+        raise UsageError(f"cannot parse YAML file {path}: {e}; fix the file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
+        raise UsageError(f"cannot read config file {path}: {e}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError(
+        raise UsageError(
             f"config file {path} must hold a mapping of config keys, got {type(raw).__name__}"
         )
     return raw
@@ -389,17 +387,17 @@ def _read_yaml(path: str) -> dict[str, Any]:
 def _apply_override(data: dict[str, Any], override: str) -> None:
     """Sets the dotted key of ``override`` (``"a.b=value"``) in the nested dict ``data``."""
     if not isinstance(override, str) or "=" not in override:
-        raise ConfigError(
+        raise UsageError(
             f"override {override!r} has no '='; write it as key=value, e.g. train.steps=3"
         )
     key, _, text = override.partition("=")
     key = key.strip()
     if not key:
-        raise ConfigError(f"override {override!r} has an empty key; write it as key=value")
+        raise UsageError(f"override {override!r} has an empty key; write it as key=value")
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
-        raise ConfigError(
+        raise UsageError(
             f"cannot parse the value of override {override!r} as YAML; quote it, e.g. {key}='...'"
         ) from None
     parts = key.split(".")
@@ -414,7 +412,7 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
             field_tp = _hints(node_tp)[part]
         else:
             parent = ".".join(parts[:i])
-            raise ConfigError(
+            raise UsageError(
                 f"config key {parent!r} is a value, not a section; write {parent}=VALUE"
             )
         if i == len(parts) - 1:
@@ -443,7 +441,7 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
       The validated `Config`.
 
     Raises:
-      ConfigError: missing file, YAML syntax error, unknown key, wrong type or
+      UsageError: missing file, YAML syntax error, unknown key, wrong type or
         invalid value; one line naming the problem and the fix.
     """
     if isinstance(overrides, str):
@@ -466,7 +464,7 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
-        raise ConfigError(message)
+        raise UsageError(message)
 
 
 def _check_path(key: str, path: str) -> None:
@@ -497,7 +495,7 @@ def validate(cfg: Config) -> None:
     devices).  Paths are checked unless ``AIS_JAX_SKIP_PATH_CHECK=1``.
 
     Raises:
-      ConfigError: the first problem found, in one line with the fix.
+      UsageError: the first problem found, in one line with the fix.
     """
     for key, choices in CHOICES.items():
         section, name = key.split(".")

@@ -35,11 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from ais_jax.errors import UsageError
+
 RANDOM_TINY = "random:tiny"
-
-
-class UsageError(Exception):
-    """A bad command line or input file (exit status 2)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,12 +122,12 @@ def load_model(path: str, dtype: Any, seed: int):
             params), cfg, tok
     if path.startswith("random:"):
         raise UsageError(f"unknown random model {path!r}; the only one is {RANDOM_TINY!r}")
-    from ais_jax import checkpoints_hf
+    from ais_jax import pretrained
 
     try:
-        params, cfg = checkpoints_hf.load_pretrained(path, dtype)
-        tok = checkpoints_hf.load_tokenizer(path)
-    except (checkpoints_hf.CheckpointError, OSError, ValueError) as e:
+        params, cfg = pretrained.load_pretrained(path, dtype)
+        tok = pretrained.load_tokenizer(path)
+    except (pretrained.CheckpointError, OSError, ValueError) as e:
         raise UsageError(str(e).splitlines()[0] if str(e) else repr(e)) from None
     return params, cfg, tok
 

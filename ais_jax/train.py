@@ -28,9 +28,7 @@ from typing import Any
 
 import numpy as np
 
-
-class UsageError(ValueError):
-    """Bad input found while setting up a run (printed as one line, exit status 2)."""
+from ais_jax.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -199,7 +197,7 @@ def run(cfg: Any) -> RunResult:
             raise UsageError("a scratch model uses the character tokenizer; set "
                              "task.prompt_style=compact")
     else:
-        from ais_jax.checkpoints_hf import load_pretrained, load_tokenizer, smollm2_gguf_path
+        from ais_jax.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
 
         source = smollm2_gguf_path() if cfg.model.source == "smollm2" else cfg.model.source
         params, model_cfg = load_pretrained(source, dtype=param_dtype)
@@ -502,7 +500,7 @@ def _make_task(cfg: Any) -> Any:
 
 
 def _export(params: Any, model_cfg: Any, codec: Codec, cfg: Any, out_dir: str) -> None:
-    from ais_jax.checkpoints_hf import save_pretrained
+    from ais_jax.pretrained import save_pretrained
 
     final = os.path.join(out_dir, "final")
     save_pretrained(params, model_cfg, final)
@@ -538,11 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="call jax.distributed.initialize() (multi-host)")
     args = ap.parse_args(argv)
 
-    from ais_jax.checkpoint import CheckpointError as OrbaxCheckpointError
-    from ais_jax.checkpoints_hf import CheckpointError as HFCheckpointError
-    from ais_jax.config import DEFAULT_CONFIG_PATH, ConfigError, format_config, load_config
+    from ais_jax.config import DEFAULT_CONFIG_PATH, format_config, load_config
 
-    user_errors = (UsageError, ConfigError, HFCheckpointError, OrbaxCheckpointError)
     try:
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, args.overrides)
         if args.print_config:
@@ -550,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         _init_distributed(args.distributed)
         run(cfg)
-    except user_errors as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ais_jax import fp8, model
-from ais_jax.checkpoints_hf import load_pretrained, load_tokenizer, smollm2_gguf_path
+from ais_jax.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
 from ais_jax.sampler import sample as rollout_sample
 
 CHAT = [

@@ -331,7 +331,7 @@ NB02: list[Cell] = [
         sequence_logprobs,
         to_rollout_params,
     )
-    from ais_jax.checkpoints_hf import CheckpointError, smollm2_gguf_path
+    from ais_jax.pretrained import CheckpointError, smollm2_gguf_path
     from ais_jax.fp8 import BLOCK_LINEARS, cast_fp8, tree_nbytes
     from ais_jax.sampler import pad_prompts
 
@@ -473,7 +473,7 @@ NB02: list[Cell] = [
     md(r"""
     Next steps:
 
-    * `python -m ais_jax.mismatch --model "$(python -c 'from ais_jax.checkpoints_hf import smollm2_gguf_path as p; print(p())')" --bf16-arm`
+    * `python -m ais_jax.mismatch --model "$(python -c 'from ais_jax.pretrained import smollm2_gguf_path as p; print(p())')" --bf16-arm`
       prints the same diagnostics over more prompts, with a BF16-sampler control arm.
     * `python benchmarks/fp8_mismatch_smollm2.py` compares per-tensor / per-token
       activation scales and an FP8 `lm_head` (table in `docs/fp8_guide.md`).

@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ais_jax import checkpoint as ckpt
+from ais_jax.errors import CheckpointError
 
 
 def _state(seed: int = 0) -> dict:
@@ -95,7 +96,7 @@ def test_keep_n_and_latest_step(tmp_path):
     # Saving an existing step is a no-op; an older step is refused.
     assert ckpt.save(m, 5, _state(0)) is False
     _assert_bit_exact(ckpt.restore(m, 5, _zeros_like(_state())), _state(5))
-    with pytest.raises(ckpt.CheckpointError, match="already holds the later step 5"):
+    with pytest.raises(CheckpointError, match="already holds the later step 5"):
         ckpt.save(m, 4, _state(0))
     assert ckpt.all_steps(m) == [3, 5]
     ckpt.close(m)
@@ -135,7 +136,7 @@ def test_shape_mismatch_raises_and_keeps_files(tmp_path):
     before = _listing(tmp_path)
     bad = _zeros_like(state)
     bad["params"]["w"] = jnp.zeros((3, 5))
-    with pytest.raises(ckpt.CheckpointError) as info:
+    with pytest.raises(CheckpointError) as info:
         ckpt.restore(m, 3, bad)
     msg = str(info.value)
     assert "\n" not in msg
@@ -143,7 +144,7 @@ def test_shape_mismatch_raises_and_keeps_files(tmp_path):
     assert "params/w" in msg and "use a new out_dir or delete it" in msg
     bad = _zeros_like(state)
     bad["params"]["b"] = jnp.zeros(5, jnp.float32)  # dtype change: no silent cast
-    with pytest.raises(ckpt.CheckpointError, match="params/b"):
+    with pytest.raises(CheckpointError, match="params/b"):
         ckpt.restore(m, 3, bad)
     assert _listing(tmp_path) == before
     assert ckpt.latest_step(m) == 3
@@ -159,15 +160,15 @@ def test_structure_mismatch_and_corrupt_files_raise(tmp_path):
     ckpt.save(m, 1, state)
     extra = _zeros_like(state)
     extra["params"]["new_layer"] = jnp.zeros(2)
-    with pytest.raises(ckpt.CheckpointError, match="'params/new_layer' of the train state is not"):
+    with pytest.raises(CheckpointError, match="'params/new_layer' of the train state is not"):
         ckpt.restore(m, 1, extra)
     fewer = _zeros_like(state)
     del fewer["params"]["b"]
     with pytest.raises(
-        ckpt.CheckpointError, match="has leaf 'params/b' that the train state lacks"
+        CheckpointError, match="has leaf 'params/b' that the train state lacks"
     ):
         ckpt.restore(m, 1, fewer)
-    with pytest.raises(ckpt.CheckpointError, match=r"no checkpoint .*available steps: \[1\]"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint .*available steps: \[1\]"):
         ckpt.restore(m, 9, _zeros_like(state))
     # Corrupt every stored data file of the state item.
     state_dir = tmp_path / "checkpoints" / "1" / "state"
@@ -177,7 +178,7 @@ def test_structure_mismatch_and_corrupt_files_raise(tmp_path):
                 with open(os.path.join(d, f), "wb") as fh:
                     fh.write(b"garbage")
     before = _listing(tmp_path)
-    with pytest.raises(ckpt.CheckpointError) as info:
+    with pytest.raises(CheckpointError) as info:
         ckpt.restore(m, 1, _zeros_like(state))
     assert "\n" not in str(info.value) and "use a new out_dir or delete it" in str(info.value)
     assert _listing(tmp_path) == before
@@ -230,17 +231,17 @@ def test_restore_into_sharded_target_on_a_mesh(tmp_path):
 
 
 def test_open_manager_errors(tmp_path):
-    with pytest.raises(ckpt.CheckpointError, match="keep must be an int >= 1"):
+    with pytest.raises(CheckpointError, match="keep must be an int >= 1"):
         ckpt.open_manager(tmp_path, keep=0)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").write_text("not a dir")
-    with pytest.raises(ckpt.CheckpointError, match="is not a directory"):
+    with pytest.raises(CheckpointError, match="is not a directory"):
         ckpt.open_manager(tmp_path / "run", keep=1)
 
 
 def test_non_json_metadata_raises(tmp_path):
     m = ckpt.open_manager(tmp_path, keep=1)
-    with pytest.raises(ckpt.CheckpointError, match="JSON-serializable"):
+    with pytest.raises(CheckpointError, match="JSON-serializable"):
         ckpt.save(m, 0, {"x": jnp.ones(1)}, {"bad": object()})
     assert ckpt.latest_step(m) is None
     ckpt.close(m)

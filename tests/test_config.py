@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ais_jax import config
-from ais_jax.config import Config, ConfigError, load_config
+from ais_jax.config import Config, load_config
+from ais_jax.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +25,7 @@ def _yaml(tmp_path, text, name="c.yaml"):
 
 
 def _error(path=None, overrides=()):
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(UsageError) as info:
         load_config(path, overrides)
     msg = str(info.value)
     assert "\n" not in msg

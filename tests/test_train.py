@@ -23,6 +23,7 @@ import pytest
 from ais_jax import train
 from ais_jax import trainer as tr
 from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
+from ais_jax.errors import UsageError
 
 TINY = [
     "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
@@ -91,7 +92,7 @@ def test_sft_batch_correct_and_flawed_demonstrations():
         assert toks[row, :n].tolist() == prompt + target
         assert (toks[row, n:] == tok.pad_id).all()
         assert lm[row].tolist() == [0.0] * len(prompt) + [1.0] * len(target) + [0.0] * (16 - n)
-    with pytest.raises(train.UsageError, match="more than 8"):
+    with pytest.raises(UsageError, match="more than 8"):
         train.sft_batch([p], [False], codec, 8, 8)
 
 

@@ -23,13 +23,9 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 
+from ais_jax.errors import CheckpointError
 from ais_jax.fp8 import QuantArray
 from ais_jax.model import ModelConfig, init_params
-
-
-class CheckpointError(ValueError):
-    """A checkpoint path, config or tensor that cannot be loaded or saved."""
-
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

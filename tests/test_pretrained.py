@@ -1,4 +1,4 @@
-"""Tests for ais_jax.checkpoints_hf: HF configs, safetensors / GGUF loading and saving, parity."""
+"""Tests for ais_jax.pretrained: HF configs, safetensors / GGUF loading and saving, parity."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from ais_jax import fp8, model
-from ais_jax.checkpoints_hf import (
+from ais_jax.pretrained import (
     CheckpointError,
     hf_config_from_model_config,
     load_pretrained,
