@@ -1,6 +1,6 @@
 """ais_jax: FP8-rollout GRPO with Adaptive Importance Sampling (AIS) in JAX.
 
-The public contract (DESIGN.md section 2) is importable from the top level;
+The public contract (docs/spec.md section 8) is importable from the top level;
 heavier pieces are imported on first use.
 """
 
@@ -16,7 +16,7 @@ _EXPORTS = {
     "AISResult": "ais_jax.ais",
     "group_advantages": "ais_jax.grpo",
     "grpo_loss": "ais_jax.grpo",
-    "token_logprobs": "ais_jax.grpo",
+    "token_logprobs": "ais_jax.distributions",
     "sequence_logprobs": "ais_jax.grpo",
     "QuantArray": "ais_jax.fp8",
     "quantize": "ais_jax.fp8",

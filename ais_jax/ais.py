@@ -1,6 +1,6 @@
 """The AIS coefficient: adaptive blend of no correction and truncated importance sampling.
 
-Implements SPEC.md section 4.  Per valid token the rollout-training importance
+Implements docs/spec.md section 4.  Per valid token the rollout-training importance
 ratio is truncated, ``w_bar = min(exp(logp_train - logp_rollout), C)``, and the
 advantage is reweighted by ``w_tilde = 1 + alpha * (w_bar - 1)`` where ``alpha``
 comes from three detached batch statistics:

@@ -1,4 +1,4 @@
-"""FP8-vs-BF16 log-prob mismatch on SmolLM2-135M-Instruct (SPEC.md section 2 reference numbers).
+"""FP8-vs-BF16 log-prob mismatch on SmolLM2-135M-Instruct (docs/spec.md section 2 numbers).
 
 For each rollout precision it reports, over tokens, the mean |delta logp| and the
 ESS ratio ``1 / (1 + CV^2)`` of ``w = exp(min(delta, log C))``, C = 5, with
@@ -14,7 +14,7 @@ forward (`model.forward`), on three kinds of tokens:
 * ``sampler``: completions sampled at T = 1 by `ais_jax.sampler.sample` from
   the rollout params themselves, with the log-probs it records while decoding
   (decode-time activation scales cover one token per row): what a GRPO step
-  sees, and SPEC.md's reference setting.  ``bf16`` is the BF16 sampler (the
+  sees, and docs/spec.md's reference setting.  ``bf16`` is the BF16 sampler (the
   KV-cache rounding-order control).
 
 Run: ``python benchmarks/fp8_mismatch_smollm2.py [--prompts 8 --new-tokens 128 --seed 0]``
@@ -162,7 +162,7 @@ def main() -> None:
         if len(row) > 2:
             line += f" {row[2][0]:12.4f} {row[2][1]:6.3f} {row[2][2]:6d}"
         print(line)
-    print("\nSPEC.md reference (PyTorch, sampled, T=1): fp8 |d| ~0.16, ESS ~0.94; lm_head fp8 "
+    print("\ndocs/spec.md reference (PyTorch, sampled, T=1): fp8 |d| ~0.16, ESS ~0.94; lm_head fp8 "
           "~0.24 / 0.85; bf16 KV-cache sampler vs BF16 re-forward ~0.03")
 
 

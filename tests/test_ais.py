@@ -1,4 +1,4 @@
-"""Known-answer and property tests of ais_jax.ais (SPEC.md section 4)."""
+"""Known-answer and property tests of ais_jax.ais (docs/spec.md section 4)."""
 
 import math
 
