@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ais_jax import config
+from ais_jax.config import Config
+from ais_jax.config_yaml import field_comments, reference_rows
 
 DOCS_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -42,12 +43,12 @@ def render() -> str:
     """The text of docs/configuration.md."""
     lines = [HEADER.rstrip("\n")]
     section = None
-    for key, type_name, default, comment in config.reference_rows():
+    for key, type_name, default, comment in reference_rows(Config):
         name = key.partition(".")[0] if "." in key else ""
         if name != section:
             section = name
             title = f"`{name}`" if name else "top level"
-            doc = config.field_comments(config.Config).get(name, "") if name else ""
+            doc = field_comments(Config).get(name, "") if name else ""
             lines += ["", f"## {title}", ""]
             if doc:
                 lines += [doc[0].upper() + doc[1:] + ".", ""]

@@ -1,4 +1,7 @@
-"""Tests of ais_jax.config: defaults, YAML + overrides, one-line errors, round trips, configs."""
+"""Tests of ais_jax.config and ais_jax.config_yaml.
+
+Defaults, YAML + overrides, one-line errors, round trips, the shipped configs.
+"""
 
 import dataclasses
 import glob
@@ -11,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ais_jax import config
+from ais_jax import config, config_yaml
 from ais_jax.config import Config, load_config
 from ais_jax.errors import UsageError
 
@@ -233,18 +236,19 @@ def _non_default() -> Config:
 def test_yaml_round_trips(tmp_path):
     cfg = _non_default()
     assert cfg.task.name == "123"
-    for text in (config.config_to_yaml(cfg), config.format_config(cfg)):
+    for text in (config_yaml.config_to_yaml(cfg), config_yaml.format_config(cfg)):
         assert load_config(_yaml(tmp_path, text)) == cfg
-    assert load_config(_yaml(tmp_path, config.config_to_yaml(Config()))) == Config()
-    d = config.config_to_dict(cfg)
+    assert load_config(_yaml(tmp_path, config_yaml.config_to_yaml(Config()))) == Config()
+    d = config_yaml.config_to_dict(cfg)
     assert d["task"]["difficulty"] == {"digits": 3, "ops": "+", "use_all": True}
     assert d["train"]["learning_rate"] == 3e-6
     assert set(d) == {f.name for f in dataclasses.fields(Config)}
 
 
 def test_format_config_shows_every_key_with_its_comment():
-    text = config.format_config(Config())
-    for key in config.all_keys():
+    assert config.format_config is config_yaml.format_config  # re-exported for the trainer
+    text = config_yaml.format_config(Config())
+    for key in config_yaml.all_keys(Config):
         name = key.rpartition(".")[2]
         assert any(line.strip().startswith(f"{name}:") for line in text.splitlines()), key
     assert "  steps: 100  # RL steps" in text
@@ -252,15 +256,17 @@ def test_format_config_shows_every_key_with_its_comment():
 
 
 def test_every_field_has_a_comment():
-    sections = [tp for tp in config._hints(Config).values() if dataclasses.is_dataclass(tp)]
+    sections = [tp for tp in config_yaml._hints(Config).values() if dataclasses.is_dataclass(tp)]
     assert len(sections) == 10
     for cls in [Config, *sections]:
-        comments = config.field_comments(cls)
+        comments = config_yaml.field_comments(cls)
         assert set(comments) == {f.name for f in dataclasses.fields(cls)}
         for name, text in comments.items():
             assert len(text) > 5, f"{cls.__name__}.{name} has no comment"
-    assert config.field_comments(config.TaskSection)["difficulty"].startswith("keyword arguments")
-    assert len(config.reference_rows()) == len([k for k in config.all_keys() if "." in k]) + 2
+    difficulty = config_yaml.field_comments(config.TaskSection)["difficulty"]
+    assert difficulty.startswith("keyword arguments")
+    leaves = [k for k in config_yaml.all_keys(Config) if "." in k]
+    assert len(config_yaml.reference_rows(Config)) == len(leaves) + 2
 
 
 SHIPPED = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
@@ -296,7 +302,7 @@ def test_tiny_default_lists_every_key():
         keys.add(k)
         if isinstance(v, dict) and k != "difficulty":
             keys.update(f"{k}.{sub}" for sub in v)
-    assert keys == set(config.all_keys())
+    assert keys == set(config_yaml.all_keys(Config))
     cfg = load_config(config.DEFAULT_CONFIG_PATH)
     assert cfg.model.source == "scratch" and cfg.task.prompt_style == "compact"
     assert cfg.rollout.precision == "fp8" and cfg.ais.mode == "ais" and cfg.sft.steps > 0
@@ -309,7 +315,7 @@ def test_docs_are_up_to_date():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     text = gen.render()
-    for key in config.all_keys():
+    for key in config_yaml.all_keys(Config):
         if "." in key:
             assert f"| `{key}` |" in text
     assert (ROOT / "docs" / "configuration.md").read_text() == text, (
@@ -341,6 +347,6 @@ def test_yaml_round_trip_property(seed, out_dir, lr, difficulty, tensorboard):
         ),
         log=dataclasses.replace(Config().log, tensorboard=tensorboard),
     )
-    for text in (config.config_to_yaml(cfg), config.format_config(cfg)):
+    for text in (config_yaml.config_to_yaml(cfg), config_yaml.format_config(cfg)):
         data = yaml.safe_load(text)
-        assert config._build(Config, data, "", "") == cfg, text
+        assert config_yaml.build(Config, data) == cfg, text
