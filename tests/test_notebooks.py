@@ -1,4 +1,8 @@
-"""The notebooks in notebooks/: up to date with notebooks/build_notebooks.py, and they run.
+"""The notebooks in notebooks/: in sync with their jupytext sources, and they run.
+
+Each ``notebooks/NN_name.ipynb`` is generated from ``notebooks/NN_name.py``
+(jupytext percent format) by ``python scripts/sync_notebooks.py``; the pair must
+have identical cells (kind and source), and the ``.ipynb`` no outputs.
 
 Each notebook is executed with nbclient (kernel ``python3``) in a temporary
 working directory; its text outputs must contain known numbers (the SPEC worked
@@ -8,8 +12,8 @@ wrong thing fails.
 
 from __future__ import annotations
 
+import importlib.util
 import re
-import runpy
 import time
 from pathlib import Path
 
@@ -19,7 +23,8 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NB_DIR = ROOT / "notebooks"
 CELL_TIMEOUT_S = 300
 
 # Strings each executed notebook's text output must contain.
@@ -62,23 +67,23 @@ EXPECTED = {
 MIN_IMAGES = {"01_ais_coefficient.ipynb": 1, "03_training_walkthrough.ipynb": 3}
 
 
-def _builder() -> dict:
-    """The globals of notebooks/build_notebooks.py (run without writing a __pycache__)."""
-    return runpy.run_path(str(NB_DIR / "build_notebooks.py"))
+def _sync_script():
+    """scripts/sync_notebooks.py as a module (it needs jupytext)."""
+    pytest.importorskip("jupytext")
+    spec = importlib.util.spec_from_file_location("sync_notebooks",
+                                                  ROOT / "scripts" / "sync_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_notebooks_are_generated_and_cleared():
-    builder = _builder()
-    assert sorted(builder["NOTEBOOKS"]) == sorted(EXPECTED)
-    for name, cells in builder["NOTEBOOKS"].items():
-        path = NB_DIR / name
-        assert path.read_text(encoding="utf-8") == builder["render"](cells), (
-            f"{name} differs from notebooks/build_notebooks.py; run "
-            "python notebooks/build_notebooks.py")
-        nb = nbformat.read(path, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, name
+def test_notebooks_match_their_sources():
+    sync = _sync_script()
+    assert sorted(p.name for p in NB_DIR.glob("*.ipynb")) == sorted(EXPECTED)
+    problems = sync.check(NB_DIR)
+    assert not problems, "\n".join(
+        ["notebooks out of sync with their .py sources; run python scripts/sync_notebooks.py",
+         *problems])
 
 
 def _outputs(nb) -> tuple[str, int]:
