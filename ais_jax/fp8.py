@@ -2,7 +2,7 @@
 
 The rollout copy of the policy stores its decoder-block linear weights as real
 1-byte float8 values plus a float32 scale; activations are quantized
-dynamically at the input of every such matmul (SPEC.md section 2).  All FP8
+dynamically at the input of every such matmul (docs/spec.md section 2).  All FP8
 arithmetic in `ais_jax` goes through this module.
 
 The matmul converts the float8 operands to a wide type inside the dot and
@@ -21,13 +21,19 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ais_jax import layout
+
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 FP8_DTYPES = {"e4m3": E4M3, "e5m2": E5M2}
 ACT_SCALINGS = ("tensor", "token")
 
-# Names of the decoder-block linear weights in the params tree (see model.py).
-BLOCK_LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# Per-layer params the rollout copy always quantizes (the decoder-block linears,
+# wq wk wv wo w_gate w_up w_down), and those quantized only on request (lm_head).
+BLOCK_LINEARS: tuple[str, ...] = tuple(
+    k for k, v in layout.LAYER_PARAMS.items() if v.fp8 == "always")
+OPTIONAL_LINEARS: tuple[str, ...] = tuple(
+    k for k, v in layout.TOP_PARAMS.items() if v.fp8 == "option")
 
 
 @struct.dataclass
@@ -123,7 +129,7 @@ def dequantize(q: QuantArray, dtype: Any = jnp.float32) -> jax.Array:
 def cast_fp8(x: jax.Array, dtype: Any = E4M3) -> jax.Array:
     """Plain saturating cast (no scaling): clip to the finite range, then cast.
 
-    This is the rounding in SPEC.md's golden example: ``[1.06, 1.00, 0.94]`` ->
+    This is the rounding in docs/spec.md's golden example: ``[1.06, 1.00, 0.94]`` ->
     ``[1.0, 1.0, 0.9375]``.
     """
     dtype = _resolve_dtype(dtype)
@@ -223,13 +229,14 @@ def to_rollout_params(
 ) -> dict:
     """The FP8 rollout copy of trainer params (re-run at every weight sync).
 
-    Decoder-block linear weights (``params["layers"][name]`` for ``name`` in
-    `BLOCK_LINEARS`, stacked ``[L, out, in]``) become `QuantArray`s with real
-    1-byte float8 values and a float32 scale per layer (or per channel).
-    Embeddings, norms and biases are kept as they are.  With
-    ``quantize_lm_head=True`` the output projection is quantized too (for tied
-    embeddings a quantized ``lm_head`` copy of the embedding is added; the
-    embedding lookup stays full precision).
+    The leaves `ais_jax.layout` marks ``fp8="always"`` (the decoder-block
+    linears ``params["layers"][name]`` for ``name`` in `BLOCK_LINEARS`, stacked
+    ``[L, out, in]``) become `QuantArray`s with real 1-byte float8 values and a
+    float32 scale per layer (or per channel).  Embeddings, norms and biases are
+    kept as they are.  With ``quantize_lm_head=True`` the ``fp8="option"``
+    output projection is quantized too (for tied embeddings a quantized
+    ``lm_head`` copy of the embedding is added; the embedding lookup stays full
+    precision).
 
     Args:
       params: trainer params (see `ais_jax.model.init_params`).
@@ -257,10 +264,10 @@ def to_rollout_params(
             layers[name] = q(layers[name])
     out = dict(params)
     out["layers"] = layers
-    if quantize_lm_head:
-        head = params.get("lm_head", params["embed"])
+    for name in OPTIONAL_LINEARS if quantize_lm_head else ():
+        head = params.get(name, params["embed"])  # lm_head; the embedding when tied
         if not isinstance(head, QuantArray):
-            out["lm_head"] = q(head)
+            out[name] = q(head)
     return out
 
 

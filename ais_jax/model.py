@@ -4,20 +4,9 @@ One layer function serves the full-sequence forward (log-probs, training) and
 the KV-cached prefill / decode steps (sampling), for full-precision params and
 for the FP8 rollout copy from `ais_jax.fp8.to_rollout_params` alike.
 
-Params layout (layers stacked on a leading ``L`` axis, weights ``[out, in]`` as
-in Hugging Face checkpoints)::
-
-    embed        [V, D]
-    layers/
-      attn_norm  [L, D]          mlp_norm [L, D]
-      wq [L, Q*H, D]  wk [L, K*H, D]  wv [L, K*H, D]  wo [L, D, Q*H]
-      bq [L, Q*H]  bk [L, K*H]  bv [L, K*H]        (qkv_bias, Qwen2)
-      bo [L, D]                                     (o_bias)
-      q_norm [L, H]  k_norm [L, H]                  (qk_norm, Qwen3)
-      w_gate [L, F, D]  w_up [L, F, D]  w_down [L, D, F]
-      b_gate [L, F]  b_up [L, F]  b_down [L, D]     (mlp_bias, Llama)
-    final_norm   [D]
-    lm_head      [V, D]          (absent when tie_embeddings)
+Params layout: layers stacked on a leading ``L`` axis, weights ``[out, in]``
+as in Hugging Face checkpoints; the parameter table `ais_jax.layout` declares
+every leaf (shape, sharding axes, checkpoint names, init, FP8 role).
 """
 
 from __future__ import annotations
@@ -29,6 +18,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ais_jax import layout
 from ais_jax.fp8 import E4M3, QuantArray, dequantize, linear, qdot, quantize
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -80,12 +70,9 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
-        D, F, H, Q, K, V = (self.hidden_size, self.intermediate_size, self.head_dim,
-                            self.num_heads, self.num_kv_heads, self.vocab_size)
-        per_layer = 2 * D + D * Q * H * 2 + D * K * H * 2 + 3 * D * F
-        per_layer += (Q * H + 2 * K * H) * self.qkv_bias + D * self.o_bias + 2 * H * self.qk_norm
-        per_layer += (2 * F + D) * self.mlp_bias
-        return V * D * (1 if self.tie_embeddings else 2) + D + self.num_layers * per_layer
+        table = layout.param_table(self)
+        rows = [*table.pop("layers").values(), *table.values()]
+        return sum(math.prod(info.shape(self)) for info in rows)
 
 
 class KVCache(NamedTuple):
@@ -112,7 +99,12 @@ class KVCache(NamedTuple):
 
 
 def init_params(key: jax.Array, cfg: ModelConfig, dtype: Any = jnp.float32) -> dict:
-    """Random params for training from scratch (normal(0, 0.02), unit norms, zero biases).
+    """Random params for training from scratch, as `ais_jax.layout` declares them.
+
+    Weights are normal(0, 0.02) (the residual projections ``wo`` / ``w_down``
+    0.02 / sqrt(2 L)), norms ones, biases zeros.  The random params draw keys
+    from ``jax.random.split(key, 16)`` in table order: the per-layer linears
+    first (wq wk wv wo w_gate w_up w_down), then ``embed``, then ``lm_head``.
 
     Args:
       key: PRNG key.
@@ -120,42 +112,23 @@ def init_params(key: jax.Array, cfg: ModelConfig, dtype: Any = jnp.float32) -> d
       dtype: parameter dtype (float32 master weights, or bfloat16).
 
     Returns:
-      Params pytree in the layout of this module's docstring.
+      Params pytree with the leaves of `ais_jax.layout.param_table(cfg)`
+      (``embed`` ``[V, D]``, ``layers/wq`` ``[L, Q*H, D]``, ...).
     """
-    D, F, H, Q, K, V, L = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim,
-                           cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.num_layers)
     keys = iter(jax.random.split(key, 16))
-    std = 0.02
 
-    def normal(shape: tuple[int, ...], scale: float = std) -> jax.Array:
-        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+    def init(info: layout.ArrayInfo) -> jax.Array:
+        shape = info.shape(cfg)
+        if info.init == "ones":
+            return jnp.ones(shape, dtype)
+        if info.init == "zeros":
+            return jnp.zeros(shape, dtype)
+        return (info.std(cfg) * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
 
-    out_std = std / math.sqrt(2 * L)  # GPT-2 style residual-projection scaling
-    layers = {
-        "attn_norm": jnp.ones((L, D), dtype),
-        "mlp_norm": jnp.ones((L, D), dtype),
-        "wq": normal((L, Q * H, D)),
-        "wk": normal((L, K * H, D)),
-        "wv": normal((L, K * H, D)),
-        "wo": normal((L, D, Q * H), out_std),
-        "w_gate": normal((L, F, D)),
-        "w_up": normal((L, F, D)),
-        "w_down": normal((L, D, F), out_std),
-    }
-    if cfg.qkv_bias:
-        layers |= {"bq": jnp.zeros((L, Q * H), dtype), "bk": jnp.zeros((L, K * H), dtype),
-                   "bv": jnp.zeros((L, K * H), dtype)}
-    if cfg.o_bias:
-        layers["bo"] = jnp.zeros((L, D), dtype)
-    if cfg.mlp_bias:
-        layers |= {"b_gate": jnp.zeros((L, F), dtype), "b_up": jnp.zeros((L, F), dtype),
-                   "b_down": jnp.zeros((L, D), dtype)}
-    if cfg.qk_norm:
-        layers |= {"q_norm": jnp.ones((L, H), dtype), "k_norm": jnp.ones((L, H), dtype)}
-    params = {"embed": normal((V, D)), "layers": layers, "final_norm": jnp.ones((D,), dtype)}
-    if not cfg.tie_embeddings:
-        params["lm_head"] = normal((V, D))
-    return params
+    table = layout.param_table(cfg)
+    layers = {name: init(info) for name, info in table.pop("layers").items()}  # draw first
+    top = {name: init(info) for name, info in table.items()}
+    return {"embed": top.pop("embed"), "layers": layers, **top}
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:

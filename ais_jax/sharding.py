@@ -1,14 +1,18 @@
 """Device mesh and the one table of partitioning rules (logical axes -> mesh axes).
 
 Every `PartitionSpec` in `ais_jax` is built here.  Params are named by their
-logical axes (`LOGICAL_AXES`); `RULES` maps logical axes to mesh axes; a
-dimension that the mesh axis does not divide stays replicated.
+logical axes (`ais_jax.layout.LOGICAL_AXES`, from the parameter table); `RULES`
+maps logical axes to mesh axes; a dimension that the mesh axis does not divide
+stays replicated.
 
 * Trainer params: FSDP over ``embed`` (the model width) and tensor parallel
   over heads / ffn / vocab.
 * Rollout params: re-laid out once per weight sync with the ``fsdp`` rule
   dropped (replicated or tensor parallel only), so the decode loop never
   all-gathers weights.
+* Optimizer state: each leaf that mirrors a param (Adam moments, ...) takes
+  exactly that param's sharding (matched by tree path, never by shape); the
+  rest (step counts, scalars) is replicated.
 * Batches: the leading (sequence) axis over ``("data", "fsdp")``.
 """
 
@@ -22,34 +26,10 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ais_jax.fp8 import QuantArray
+from ais_jax.layout import LOGICAL_AXES
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
-
-# Logical axes of each parameter (stacked layers first); see ais_jax/model.py.
-LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
-    "embed": ("vocab", "embed"),
-    "lm_head": ("vocab", "embed"),
-    "final_norm": (None,),
-    "attn_norm": ("layers", None),
-    "mlp_norm": ("layers", None),
-    "wq": ("layers", "heads", "embed"),
-    "wk": ("layers", "kv_heads", "embed"),
-    "wv": ("layers", "kv_heads", "embed"),
-    "wo": ("layers", "embed", "heads"),
-    "w_gate": ("layers", "mlp", "embed"),
-    "w_up": ("layers", "mlp", "embed"),
-    "w_down": ("layers", "embed", "mlp"),
-    "bq": ("layers", "heads"),
-    "bk": ("layers", "kv_heads"),
-    "bv": ("layers", "kv_heads"),
-    "bo": ("layers", None),
-    "b_gate": ("layers", "mlp"),
-    "b_up": ("layers", "mlp"),
-    "b_down": ("layers", None),
-    "q_norm": ("layers", None),
-    "k_norm": ("layers", None),
-}
 
 # Logical axis -> mesh axis (None: replicated).
 RULES: dict[str, str | None] = {
@@ -125,6 +105,56 @@ def param_shardings(params: dict, mesh: Mesh, *, rollout: bool = False) -> Any:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, mesh,
                                                                       rollout=rollout),
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _fits(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> bool:
+    """Whether ``spec`` can lay out an array of ``shape`` on ``mesh`` (rank and divisibility)."""
+    if len(spec) > len(shape):
+        return False
+    for dim, entry in zip(shape, spec, strict=False):
+        axes = entry if isinstance(entry, tuple) else (entry,)
+        size = int(np.prod([mesh.shape[a] for a in axes if a is not None]))
+        if dim % size:
+            return False
+    return True
+
+
+def opt_state_shardings(opt_state: Any, param_shardings: Any, mesh: Mesh) -> Any:
+    """Shardings of an optimizer state: param mirrors take their param's, the rest replicated.
+
+    A leaf whose tree path ends with the full path of a param (optax moments:
+    ``ScaleByAdamState.mu["layers"]["wq"]`` ends with ``["layers"]["wq"]``) gets
+    exactly that param's sharding, whatever the shapes (so ``wq``'s moments never
+    take ``wo``'s layout when the two shapes coincide).  Everything else (step
+    counts, scalars, schedule states), and a matched leaf the param's spec cannot
+    lay out (a different rank or an indivisible dim, e.g. factored moments), is
+    replicated.
+
+    Args:
+      opt_state: optimizer state (arrays or ShapeDtypeStructs), e.g. from
+        ``optimizer.init(params)`` or ``jax.eval_shape`` of it.
+      param_shardings: the params' `NamedSharding`s (or `PartitionSpec`s), e.g.
+        `param_shardings(params, mesh)`.
+      mesh: the mesh (also for the replicated leaves).
+
+    Returns:
+      A tree of `NamedSharding` with the structure of ``opt_state``.
+    """
+    is_spec = lambda x: isinstance(x, NamedSharding | PartitionSpec)  # noqa: E731
+    by_path = {
+        tuple(path): sh.spec if isinstance(sh, NamedSharding) else sh
+        for path, sh in jax.tree_util.tree_flatten_with_path(param_shardings, is_leaf=is_spec)[0]
+    }
+    rep = replicated(mesh)
+
+    def leaf_sharding(path, leaf):
+        path = tuple(path)
+        spec = next((by_path[path[i:]] for i in range(len(path)) if path[i:] in by_path), None)
+        if spec is None or not _fits(spec, tuple(getattr(leaf, "shape", ())), mesh):
+            return rep
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(leaf_sharding, opt_state)
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax import fp8, model
+from ais_jax import fp8, layout, model
 
 TINY = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=8)
@@ -74,6 +74,76 @@ def test_init_params_layout(cfg):
     assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == cfg.num_params
     np.testing.assert_array_equal(layers["attn_norm"], 1.0)
     assert float(jnp.std(layers["wq"].astype(jnp.float32))) == pytest.approx(0.02, rel=0.1)
+
+
+def _init_params_before_the_table(key, cfg, dtype):
+    """`init_params` as written before `ais_jax.layout` (the reference for bit-identity)."""
+    D, F, H, Q, K, V, L = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim,
+                           cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.num_layers)
+    keys = iter(jax.random.split(key, 16))
+    std = 0.02
+
+    def normal(shape, scale=std):
+        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    out_std = std / math.sqrt(2 * L)
+    layers = {
+        "attn_norm": jnp.ones((L, D), dtype), "mlp_norm": jnp.ones((L, D), dtype),
+        "wq": normal((L, Q * H, D)), "wk": normal((L, K * H, D)), "wv": normal((L, K * H, D)),
+        "wo": normal((L, D, Q * H), out_std), "w_gate": normal((L, F, D)),
+        "w_up": normal((L, F, D)), "w_down": normal((L, D, F), out_std),
+    }
+    if cfg.qkv_bias:
+        layers |= {"bq": jnp.zeros((L, Q * H), dtype), "bk": jnp.zeros((L, K * H), dtype),
+                   "bv": jnp.zeros((L, K * H), dtype)}
+    if cfg.o_bias:
+        layers["bo"] = jnp.zeros((L, D), dtype)
+    if cfg.mlp_bias:
+        layers |= {"b_gate": jnp.zeros((L, F), dtype), "b_up": jnp.zeros((L, F), dtype),
+                   "b_down": jnp.zeros((L, D), dtype)}
+    if cfg.qk_norm:
+        layers |= {"q_norm": jnp.ones((L, H), dtype), "k_norm": jnp.ones((L, H), dtype)}
+    params = {"embed": normal((V, D)), "layers": layers, "final_norm": jnp.ones((D,), dtype)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal((V, D))
+    return params
+
+
+@pytest.mark.parametrize(("cfg", "dtype", "seed"), [
+    (TINY, jnp.float32, 0), (FULL, jnp.float32, 1), (FULL, jnp.bfloat16, 2),
+    (dataclasses.replace(TINY, tie_embeddings=True, qk_norm=True), jnp.bfloat16, 3),
+    (dataclasses.replace(TINY, qkv_bias=True, num_layers=5, num_kv_heads=4), jnp.float32, 4),
+    (dataclasses.replace(TINY, mlp_bias=True, o_bias=True, tie_embeddings=True), jnp.float32, 5),
+])
+def test_init_params_bit_identical_to_the_pre_table_algorithm(cfg, dtype, seed):
+    key = jax.random.key(seed)
+    new, old = model.init_params(key, cfg, dtype), _init_params_before_the_table(key, cfg, dtype)
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(old)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(new),
+                            jax.tree_util.tree_leaves(old), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape, jax.tree_util.keystr(path)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
+                                      err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("cfg", [TINY, FULL, dataclasses.replace(TINY, tie_embeddings=True)])
+def test_param_table_describes_init_params(cfg):
+    table = layout.param_table(cfg)
+    is_info = lambda x: isinstance(x, layout.ArrayInfo)  # noqa: E731
+    infos, spec = jax.tree_util.tree_flatten(table, is_leaf=is_info)
+    leaves, structure = jax.tree_util.tree_flatten(model.init_params(jax.random.key(0), cfg))
+    assert spec == structure
+    assert [x.shape for x in leaves] == [i.shape(cfg) for i in infos]
+    assert all(len(i.axes) == len(i.dims) for i in infos)
+    assert all(i.dims[0] == "L" and i.axes[0] == "layers" for i in table["layers"].values())
+    assert sum(math.prod(i.shape(cfg)) for i in infos) == cfg.num_params
+    rows = layout.TOP_PARAMS | layout.LAYER_PARAMS
+    assert len({r.hf for r in rows.values()}) == len({r.gguf for r in rows.values()}) == len(rows)
+    assert fp8.BLOCK_LINEARS == ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    assert fp8.OPTIONAL_LINEARS == ("lm_head",)
+    assert layout.hf_name("wq", 3) == "model.layers.3.self_attn.q_proj.weight"
+    assert layout.gguf_name("w_down", 0) == "blk.0.ffn_down.weight"
+    assert layout.hf_name("embed") == "model.embed_tokens.weight"
 
 
 def test_model_config_validation():
