@@ -1,6 +1,8 @@
-"""GRPO pieces: group advantages, token log-probs, the clipped objective with k3 KL, the update.
+"""GRPO: group advantages, completion log-probs, the clipped objective with k3 KL, the update.
 
-SPEC.md section 5.  The loss takes the AIS-weighted advantage ``A_tilde`` (from
+docs/spec.md section 5.  The one GRPO path of the library: the trainer
+(`ais_jax.steps`) differentiates `policy_loss` through `apply_update`.  The
+loss takes the AIS-weighted advantage ``A_tilde`` (from
 `ais_jax.ais.ais_coefficient`); the update works with any optax
 `GradientTransformation` and skips (and counts) a step whose loss or gradient
 is not finite, leaving params and optimizer state bit-identical.
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from ais_jax import model as model_lib
+from ais_jax.distributions import token_logprobs
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 
@@ -47,23 +50,6 @@ def group_advantages(rewards: jax.Array, eps: float = 1e-6, *, scale: bool = Tru
     return jnp.where(same, 0.0, centred)
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
-    """Log-probs of ``tokens`` under ``softmax(logits / temperature)``, in float32.
-
-    Args:
-      logits: ``[..., V]`` (any float dtype; upcast to float32 first).
-      tokens: ``[...]`` int ids.
-      temperature: sampling temperature (> 0); must equal the sampler's.
-
-    Returns:
-      ``[...]`` float32.
-    """
-    if isinstance(temperature, int | float) and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-
-
 def sequence_logprobs(
     params: dict,
     prompt_tokens: jax.Array,
@@ -71,8 +57,14 @@ def sequence_logprobs(
     tokens: jax.Array,
     cfg: model_lib.ModelConfig,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> jax.Array:
     """Per-token log-probs of generated ``tokens`` given their left-padded prompts.
+
+    Scored under the sampler's distribution (`ais_jax.distributions`): the same
+    temperature and, when top-k / top-p truncation is on, the same truncated,
+    renormalized distribution (a token outside the truncated set gets ``-inf``).
 
     Args:
       params: policy params (full precision, or an FP8 rollout copy).
@@ -80,14 +72,16 @@ def sequence_logprobs(
       prompt_mask: ``[B, P]`` 1 for real prompt tokens.
       tokens: ``[B, N]`` generated tokens.
       cfg: model config.
-      temperature: the sampler's temperature.
+      temperature: the sampler's temperature (0: greedy, scored at 1).
+      top_k: the sampler's top-k (0 = off).
+      top_p: the sampler's top-p (1 = off).
 
     Returns:
       ``[B, N]`` float32 ``log pi(tokens[:, n] | prompt, tokens[:, :n])``.
       Positions after EOS are computed too (mask them downstream).
     """
     logits = completion_logits(params, prompt_tokens, prompt_mask, tokens, cfg)  # [B, N, V]
-    return token_logprobs(logits, tokens, temperature)  # [B, N]
+    return token_logprobs(logits, tokens, temperature, top_k, top_p)  # [B, N]
 
 
 def completion_logits(
@@ -205,16 +199,16 @@ def grpo_loss(
 
 
 class GRPOBatch(NamedTuple):
-    """One minibatch for the GRPO update (``B`` sequences, prompt ``P``, ``N`` new tokens).
+    """One (mini)batch of the GRPO update (``B`` sequences, prompt ``P``, ``N`` new tokens).
 
     Attributes:
       prompt_tokens: ``[B, P]`` left-padded prompts.
       prompt_mask: ``[B, P]``.
       tokens: ``[B, N]`` generated tokens.
-      mask: ``[B, N]`` valid generated tokens.
-      logp_old: ``[B, N]`` pre-update trainer log-probs.
-      advantages: ``[B, N]`` AIS-weighted advantages.
-      logp_ref: ``[B, N]`` reference log-probs, or None.
+      mask: ``[B, N]`` float32, 1 for valid generated tokens.
+      logp_old: ``[B, N]`` pre-update trainer log-probs (detached).
+      advantages: ``[B, N]`` AIS-weighted advantages ``A_tilde``.
+      logp_ref: ``[B, N]`` reference log-probs, or None (no KL term).
     """
 
     prompt_tokens: jax.Array
@@ -226,33 +220,106 @@ class GRPOBatch(NamedTuple):
     logp_ref: jax.Array | None = None
 
 
+class Scoring(NamedTuple):
+    """How the trainer scores completions: the sampler's distribution and the compute dtype.
+
+    Attributes:
+      temperature: the sampler's temperature.
+      top_k: the sampler's top-k (0 = off).
+      top_p: the sampler's top-p (1 = off).
+      compute_dtype: dtype the float params are cast to for the forward pass.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    compute_dtype: Any = jnp.bfloat16
+
+
+DEFAULT_SCORING = Scoring()
+
+
+def cast_params(params: Any, dtype: Any) -> Any:
+    """Cast float leaves to ``dtype`` (`ais_jax.fp8.QuantArray` leaves untouched)."""
+    from ais_jax.fp8 import QuantArray
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, QuantArray) or not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.astype(dtype)
+
+    return jax.tree.map(cast, params, is_leaf=lambda x: isinstance(x, QuantArray))
+
+
+def trainer_logprobs(
+    params: Any,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    tokens: jax.Array,
+    cfg: model_lib.ModelConfig,
+    scoring: Scoring = DEFAULT_SCORING,
+) -> jax.Array:
+    """Trainer log-probs ``[B, N]`` of ``tokens``: `sequence_logprobs` in the compute dtype.
+
+    Args:
+      params: master params (cast to ``scoring.compute_dtype`` for the forward).
+      prompt_tokens: ``[B, P]`` left-padded prompts.
+      prompt_mask: ``[B, P]``.
+      tokens: ``[B, N]`` generated tokens.
+      cfg: model config.
+      scoring: the sampler's distribution settings and the compute dtype.
+    """
+    p = cast_params(params, scoring.compute_dtype)
+    return sequence_logprobs(p, prompt_tokens, prompt_mask, tokens, cfg, scoring.temperature,
+                             scoring.top_k, scoring.top_p)
+
+
 def policy_loss(
-    params: dict,
+    params: Any,
     batch: GRPOBatch,
     cfg: model_lib.ModelConfig,
     loss_cfg: LossConfig = DEFAULT_LOSS,
-    temperature: float = 1.0,
+    scoring: Scoring = DEFAULT_SCORING,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """GRPO loss of ``params`` on ``batch`` (the differentiated argument first)."""
-    logp_new = sequence_logprobs(params, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
-                                 cfg, temperature)
+    """GRPO loss of ``params`` on ``batch`` (the differentiated argument first).
+
+    Args:
+      params: master params.
+      batch: a `GRPOBatch` of ``B`` sequences.
+      cfg: model config.
+      loss_cfg: `LossConfig`.
+      scoring: how completions are scored (`Scoring`).
+
+    Returns:
+      ``(loss, metrics)`` as `grpo_loss`.
+    """
+    logp_new = trainer_logprobs(params, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
+                                cfg, scoring)
     return grpo_loss(logp_new, batch.logp_old, batch.advantages, batch.mask, batch.logp_ref,
                      loss_cfg)
 
 
-class UpdateState(NamedTuple):
-    """Params, optimizer state and counters carried across updates."""
+class TrainState(NamedTuple):
+    """Everything that changes across updates (checkpointed).
+
+    Attributes:
+      params: master params (float32, or bfloat16 when asked for).
+      opt_state: optax state.
+      step: int32 scalar, optimizer updates done (applied + skipped).
+      skipped: int32 scalar, updates skipped for a non-finite loss / gradient.
+    """
 
     params: Any
     opt_state: Any
-    step: jax.Array  # int32 scalar: applied + skipped updates
-    skipped: jax.Array  # int32 scalar: updates skipped for non-finite loss / gradient
+    step: jax.Array
+    skipped: jax.Array
 
 
-def init_update_state(params: Any, optimizer: optax.GradientTransformation) -> UpdateState:
-    """Fresh `UpdateState` for ``params``."""
-    zero = jnp.zeros((), jnp.int32)
-    return UpdateState(params, optimizer.init(params), zero, zero)
+def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+    """Fresh `TrainState` for ``params``."""
+    # Two distinct buffers: the state is donated, and a buffer cannot be donated twice.
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32),
+                      jnp.zeros((), jnp.int32))
 
 
 def make_optimizer(
@@ -272,11 +339,11 @@ def make_optimizer(
 
 
 def apply_update(
-    state: UpdateState,
+    state: TrainState,
     batch: Any,
     loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]],
     optimizer: optax.GradientTransformation,
-) -> tuple[UpdateState, dict[str, jax.Array]]:
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One guarded optimizer step: ``loss_fn(params, batch) -> (loss, metrics)``.
 
     If the loss or any gradient is not finite, params and optimizer state are
@@ -295,7 +362,7 @@ def apply_update(
     updates, new_opt = optimizer.update(safe_grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    new_state = UpdateState(
+    new_state = TrainState(
         params=keep(new_params, state.params),
         opt_state=keep(new_opt, state.opt_state),
         step=state.step + 1,

@@ -3,7 +3,7 @@
 Samples completions with the FP8 rollout copy (`ais_jax.fp8.to_rollout_params`
 of the BF16 params), re-scores the same tokens with the BF16 params
 (`ais_jax.model.forward`, same temperature) and prints the paper's diagnostics
-(SPEC.md sections 2-4): mean |delta logp| (``d_bar``), the ESS ratio, quantiles
+(docs/spec.md sections 2-4): mean |delta logp| (``d_bar``), the ESS ratio, quantiles
 of |delta logp|, per-sequence log-ratio statistics, and the AIS coefficient
 ``alpha`` with its three parts.
 
@@ -100,14 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _tiny_model(seed: int):
     import jax
 
-    from ais_jax.model import ModelConfig, init_params
+    from ais_jax.build import scratch_model_config
+    from ais_jax.model import init_params
     from ais_jax.tasks import CharTokenizer
 
     tok = CharTokenizer()
-    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                      max_position_embeddings=1024, eos_token_id=tok.eos_id,
-                      eos_token_ids=(tok.eos_id,), pad_token_id=tok.pad_id)
+    cfg = scratch_model_config(tok, hidden_size=64, intermediate_size=128, num_layers=2,
+                               num_heads=4, num_kv_heads=2, head_dim=16, max_positions=1024,
+                               tie_embeddings=False)
     params = jax.jit(init_params, static_argnums=1)(jax.random.key(seed), cfg)
     return params, cfg, tok
 
@@ -134,9 +134,11 @@ def load_model(path: str, dtype: Any, seed: int):
 
 def encode_prompts(args: argparse.Namespace, tok: Any) -> list[list[int]]:
     """Token ids of ``args.num_prompts`` prompts (cycled when the file has fewer)."""
+    from ais_jax.codec import PromptCodec
     from ais_jax.tasks import CharTokenizer, get_task
 
     char = isinstance(tok, CharTokenizer)
+    codec = PromptCodec(tok, "compact" if char else "chat", None, 0, ())
     if args.prompts is not None:
         try:
             with open(args.prompts, encoding="utf-8") as f:
@@ -155,17 +157,12 @@ def encode_prompts(args: argparse.Namespace, tok: Any) -> list[list[int]]:
         problems = task.generate(args.seed, args.num_prompts, "eval")
         texts = [task.compact_prompt(p) if char else p.prompt for p in problems]
         messages = [task.chat_messages(p) for p in problems]
-    if char:
-        try:
-            return [tok.encode(t, add_bos=True) for t in texts]
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    if getattr(tok, "chat_template", None):
-        out = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
-               for m in messages]
-        return [list(o["input_ids"]) if isinstance(o, dict) or hasattr(o, "keys") else list(o)
-                for o in out]
-    return [tok.encode(t) for t in texts]
+    try:
+        if char:
+            return [codec.encode_text(t) for t in texts]
+        return [codec.encode_text(codec.messages_text(m)) for m in messages]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- diagnostics
@@ -234,8 +231,8 @@ def run(args: argparse.Namespace) -> dict:
     import jax.numpy as jnp
 
     from ais_jax import fp8
-    from ais_jax.model import forward
-    from ais_jax.sampler import pad_prompts, sample, token_logprobs_from_logits
+    from ais_jax.grpo import sequence_logprobs
+    from ais_jax.sampler import pad_prompts, sample
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     t0 = time.perf_counter()
@@ -250,13 +247,11 @@ def run(args: argparse.Namespace) -> dict:
     eos = cfg.eos_token_ids or ((cfg.eos_token_id,) if cfg.eos_token_id is not None else None)
     rollout = jax.jit(lambda p: fp8.to_rollout_params(
         p, quantize_lm_head=args.lm_head_fp8, act_scaling=args.act_scaling))(params)
-    G, P = args.samples, ptoks.shape[1]
+    G = args.samples
     seq_prompt = jnp.repeat(jnp.asarray(ptoks), G, axis=0)
     seq_pmask = jnp.repeat(jnp.asarray(pmask), G, axis=0)
-    score = jax.jit(lambda p, toks: token_logprobs_from_logits(
-        forward(p, jnp.concatenate([seq_prompt, toks], 1)[:, :-1], cfg,
-                jnp.concatenate([seq_pmask, jnp.ones(toks.shape, bool)], 1)[:, :-1])[:, P - 1:],
-        toks, args.temperature))
+    score = jax.jit(lambda p, toks: sequence_logprobs(p, seq_prompt, seq_pmask, toks, cfg,
+                                                      args.temperature))
     rng = np.random.default_rng(args.seed)
     adv = rng.choice(np.array([-1.0, 1.0], np.float32), size=len(prompts) * G)
     key = jax.random.key(args.seed)

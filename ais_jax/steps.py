@@ -1,18 +1,18 @@
-"""The jitted pieces of one GRPO-with-AIS step: rollout, SFT warm start, and the update.
+"""The jitted programs of one GRPO-with-AIS step: rollout, update and the supervised warm start.
 
-One training step is (DESIGN.md section 1)::
+One training step (docs/spec.md section 5)::
 
-    params --to_rollout_params--> FP8 copy --sample--> Rollout        (rollout_fn, jitted)
-    Rollout --task verifier--> rewards                                 (host, in train.py)
-    (params, Rollout, rewards) --advantages, logp_old, AIS, GRPO--> params'   (update_fn, jitted)
+    params --to_rollout_params--> FP8 copy --sample--> RolloutBatch      (rollout program)
+    RolloutBatch --task verifier--> rewards                              (host, ais_jax.rl)
+    (params, RolloutBatch, rewards) --advantages, logp_old, AIS, GRPO--> params'  (update)
 
-`build_step_fns` compiles both with explicit shardings over a `Mesh`; the
-Python loop, I/O and logging live in `ais_jax.train`.
+`build_step_fns` compiles them with explicit shardings over a `Mesh`.  The
+settings are the frozen config sections themselves (`ais_jax.config.Config`),
+closed over as static values.  The host side of the step is `ais_jax.rl`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -23,18 +23,11 @@ from jax.sharding import Mesh
 from ais_jax import fp8, grpo, sampler
 from ais_jax import sharding as shd
 from ais_jax.ais import ais_coefficient
+from ais_jax.config import Config, RolloutSection, TrainSection
+from ais_jax.grpo import TrainState, cast_params
 from ais_jax.model import ModelConfig, forward
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-class TrainState(NamedTuple):
-    """Everything that changes across steps (checkpointed)."""
-
-    params: Any  # master params (float32 or bfloat16)
-    opt_state: Any  # optax state
-    step: jax.Array  # int32 scalar: optimizer updates done (applied + skipped)
-    skipped: jax.Array  # int32 scalar: updates skipped for a non-finite loss / gradient
 
 
 class RolloutBatch(NamedTuple):
@@ -47,57 +40,25 @@ class RolloutBatch(NamedTuple):
     logp: jax.Array  # [B, N] float32, sampler log-probs
 
 
-@dataclasses.dataclass(frozen=True)
-class StepSettings:
-    """Static (hashable) settings of the jitted step functions."""
+class TokenIds(NamedTuple):
+    """The tokenizer's ids the programs need: EOS ids ending a row, and the padding id."""
 
-    model: ModelConfig
-    group_size: int
-    max_new_tokens: int
-    precision: str = "fp8"  # rollout precision: fp8 | bf16
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int | None = None
-    fp8_format: str = "e4m3"
-    act_scaling: str = "tensor"
-    weight_scaling: str = "tensor"
-    lm_head_fp8: bool = False
-    kv_cache_fp8: bool = False
-    compute_dtype: str = "bfloat16"
-    ais_mode: str = "ais"
-    ais_cap: float = 5.0
-    ais_delta: float = 0.02
-    ais_gamma: float = 1.2
-    ais_beta_var: float = 1.0
-    ais_eps: float = 1e-6
-    ais_terms: tuple[bool, bool, bool] = (True, True, True)  # use_ess, use_mis, use_var
-    loss: grpo.LossConfig = grpo.DEFAULT_LOSS
-    epochs: int = 1
-    minibatches: int = 1
+    eos_ids: tuple[int, ...]
+    pad_id: int | None
 
 
-def cast_params(params: Any, dtype: Any) -> Any:
-    """Cast float leaves to ``dtype`` (QuantArray leaves untouched)."""
-    def cast(x):
-        if isinstance(x, fp8.QuantArray) or not jnp.issubdtype(x.dtype, jnp.floating):
-            return x
-        return x.astype(dtype)
-    return jax.tree.map(cast, params, is_leaf=shd.is_quant)
-
-
-def rollout_params(params: Any, s: StepSettings) -> Any:
-    """The rollout copy: BF16 params, FP8-quantized when ``s.precision == "fp8"``."""
+def rollout_params(params: Any, r: RolloutSection) -> Any:
+    """The rollout copy: BF16 params, FP8-quantized when ``r.precision == "fp8"``."""
     p = cast_params(params, jnp.bfloat16)
-    if s.precision == "fp8":
-        p = fp8.to_rollout_params(p, dtype=s.fp8_format, quantize_lm_head=s.lm_head_fp8,
-                                  weight_scaling=s.weight_scaling, act_scaling=s.act_scaling)
+    if r.precision == "fp8":
+        p = fp8.to_rollout_params(p, dtype=r.fp8_format, quantize_lm_head=r.lm_head_fp8,
+                                  weight_scaling=r.weight_scaling, act_scaling=r.act_scaling)
     return p
 
 
 def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array,
-            s: StepSettings, mesh: Mesh | None = None) -> RolloutBatch:
+            model_cfg: ModelConfig, r: RolloutSection, ids: TokenIds,
+            mesh: Mesh | None = None) -> RolloutBatch:
     """Quantize (weight sync) and sample ``G`` completions per prompt.
 
     Args:
@@ -105,7 +66,9 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
       prompt_tokens: ``[Pn, P]`` left-padded prompts.
       prompt_mask: ``[Pn, P]``.
       key: PRNG key of this step.
-      s: settings.
+      model_cfg: model config.
+      r: the rollout section (precision, sampling settings, ``group_size`` G).
+      ids: EOS and padding ids.
       mesh: when given, the rollout copy is re-laid out once (here, at the weight
         sync) to the rollout sharding: no FSDP axis, so the decode loop never
         all-gathers weights.
@@ -113,16 +76,16 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     Returns:
       `RolloutBatch` with ``Pn * G`` rows.
     """
-    rp = rollout_params(params, s)
+    rp = rollout_params(params, r)
     if mesh is not None:
         rp = jax.lax.with_sharding_constraint(rp, shd.param_shardings(rp, mesh, rollout=True))
     out = sampler.sample(
-        rp, prompt_tokens, prompt_mask, key, s.model, max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-        eos_id=s.eos_ids or None, num_samples=s.group_size, kv_fp8=s.kv_cache_fp8,
-        pad_id=s.pad_id,
+        rp, prompt_tokens, prompt_mask, key, model_cfg, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+        eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=r.kv_cache_fp8,
+        pad_id=ids.pad_id,
     )
-    G = s.group_size
+    G = r.group_size
     return RolloutBatch(
         prompt_tokens=jnp.repeat(prompt_tokens, G, axis=0),
         prompt_mask=jnp.repeat(prompt_mask, G, axis=0),
@@ -132,28 +95,42 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     )
 
 
-def trainer_logprobs(params: Any, batch: RolloutBatch, s: StepSettings) -> jax.Array:
-    """BF16 trainer log-probs of the rollout tokens under the sampler's distribution ``[B, N]``.
-
-    Uses the sampler's temperature and, when top-k / top-p truncation is on,
-    the same truncated, renormalized distribution (SPEC.md section 4).
-    """
-    p = cast_params(params, DTYPES[s.compute_dtype])
-    if s.top_k == 0 and s.top_p >= 1.0:
-        return grpo.sequence_logprobs(p, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
-                                      s.model, s.temperature)
-    logits = grpo.completion_logits(p, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
-                                    s.model)  # [B, N, V]
-    return sampler.token_logprobs_from_logits(logits, batch.tokens, s.temperature, s.top_k,
-                                              s.top_p)
+def scoring(cfg: Config) -> grpo.Scoring:
+    """How the trainer scores completions: the rollout's distribution, the model's compute dtype."""
+    r = cfg.rollout
+    return grpo.Scoring(r.temperature, r.top_k, r.top_p, DTYPES[cfg.model.compute_dtype])
 
 
-def _loss_fn(s: StepSettings):
-    def loss_fn(params, mb):
-        batch, adv, logp_old, logp_ref = mb
-        logp_new = trainer_logprobs(params, batch, s)
-        return grpo.grpo_loss(logp_new, logp_old, adv, batch.mask, logp_ref, s.loss)
-    return loss_fn
+def loss_config(t: TrainSection) -> grpo.LossConfig:
+    """The `grpo.LossConfig` of the train section."""
+    return grpo.LossConfig(clip_eps=t.clip_eps, clip_eps_high=t.clip_eps_high or None,
+                           beta_kl=t.beta_kl, aggregation=t.loss_aggregation)
+
+
+def _trainer_logprobs(params: Any, batch: RolloutBatch, model_cfg: ModelConfig,
+                      cfg: Config) -> jax.Array:
+    return jax.lax.stop_gradient(grpo.trainer_logprobs(
+        params, batch.prompt_tokens, batch.prompt_mask, batch.tokens, model_cfg, scoring(cfg)))
+
+
+def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
+                       optimizer: optax.GradientTransformation, model_cfg: ModelConfig,
+                       cfg: Config) -> tuple[TrainState, dict[str, jax.Array]]:
+    """``epochs x minibatches`` guarded updates over ``gb`` (rows reshuffled each epoch)."""
+    B = gb.tokens.shape[0]
+    M = cfg.train.minibatches
+    loss_cfg, sc = loss_config(cfg.train), scoring(cfg)
+
+    def loss_fn(params: Any, mb: grpo.GRPOBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return grpo.policy_loss(params, mb, model_cfg, loss_cfg, sc)
+
+    def epoch(st: TrainState, ekey: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        perm = jax.random.permutation(ekey, B) if M > 1 else jnp.arange(B)
+        mbs = jax.tree.map(lambda x: x[perm].reshape(M, B // M, *x.shape[1:]), gb)
+        return jax.lax.scan(lambda s, mb: grpo.apply_update(s, mb, loss_fn, optimizer), st, mbs)
+
+    state, mets = jax.lax.scan(epoch, state, jax.random.split(key, cfg.train.epochs))
+    return state, jax.tree.map(jnp.mean, mets)
 
 
 def update(
@@ -163,7 +140,8 @@ def update(
     key: jax.Array,
     ref_params: Any,
     optimizer: optax.GradientTransformation,
-    s: StepSettings,
+    model_cfg: ModelConfig,
+    cfg: Config,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Advantages -> logp_old -> AIS -> ``epochs x minibatches`` guarded GRPO updates.
 
@@ -174,7 +152,8 @@ def update(
       key: PRNG key (minibatch shuffling).
       ref_params: reference policy for the KL term, or None (then no KL cost at all).
       optimizer: optax transformation.
-      s: settings.
+      model_cfg: model config.
+      cfg: the run config (rollout, ais and train sections are read).
 
     Returns:
       ``(new_state, metrics)`` (scalars).
@@ -182,7 +161,7 @@ def update(
     B, N = batch.tokens.shape
     adv_seq = grpo.group_advantages(rewards).reshape(B)  # [B]
     adv_tok = jnp.broadcast_to(adv_seq[:, None], (B, N))  # [B, N]
-    logp_old = jax.lax.stop_gradient(trainer_logprobs(state.params, batch, s))  # [B, N]
+    logp_old = _trainer_logprobs(state.params, batch, model_cfg, cfg)  # [B, N]
     # With top-k / top-p the trainer recomputes the truncated set from its own
     # logits; a sampled token outside it has logp_old = -inf (probability 0
     # under the trainer's sampling distribution).  Such tokens carry no usable
@@ -191,38 +170,23 @@ def update(
     dropped = jnp.sum((batch.mask > 0) & ~finite)
     batch = batch._replace(mask=jnp.where(finite, batch.mask, 0.0))
     logp_old = jnp.where(finite, logp_old, 0.0)
-    res = ais_coefficient(logp_old, batch.logp, adv_tok, batch.mask, C=s.ais_cap,
-                          delta=s.ais_delta, gamma=s.ais_gamma, beta_var=s.ais_beta_var,
-                          eps=s.ais_eps, mode=s.ais_mode, use_ess=s.ais_terms[0],
-                          use_mis=s.ais_terms[1], use_var=s.ais_terms[2])
+    a = cfg.ais
+    res = ais_coefficient(logp_old, batch.logp, adv_tok, batch.mask, C=a.C, delta=a.delta,
+                          gamma=a.gamma, beta_var=a.beta_var, eps=a.eps, mode=a.mode,
+                          use_ess=a.use_ess, use_mis=a.use_mis, use_var=a.use_var)
     logp_ref = None
-    if ref_params is not None and s.loss.beta_kl > 0:
-        logp_ref = jax.lax.stop_gradient(trainer_logprobs(ref_params, batch, s))
-
-    M = s.minibatches
-    loss_fn = _loss_fn(s)
-    upd = grpo.UpdateState(state.params, state.opt_state, state.step, state.skipped)
-
-    def epoch(upd, ekey):
-        perm = jax.random.permutation(ekey, B) if M > 1 else jnp.arange(B)
-        def take(x):
-            return None if x is None else x[perm].reshape(M, B // M, *x.shape[1:])
-        mbs = (jax.tree.map(take, batch), take(res.advantages), take(logp_old), take(logp_ref))
-
-        def one(upd, mb):
-            return grpo.apply_update(upd, mb, loss_fn, optimizer)
-        return jax.lax.scan(one, upd, mbs)
-
-    upd, mets = jax.lax.scan(epoch, upd, jax.random.split(key, s.epochs))
-    mets = jax.tree.map(jnp.mean, mets)
-    stats = res.stats()
+    if ref_params is not None and cfg.train.beta_kl > 0:
+        logp_ref = _trainer_logprobs(ref_params, batch, model_cfg, cfg)
+    gb = grpo.GRPOBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, batch.mask,
+                        logp_old, res.advantages, logp_ref)
+    state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg)
     valid = batch.mask > 0
     metrics = {
         "loss": mets["loss"],
         "grad_norm": mets["grad_norm"],
         "clip_frac": mets["clip_frac"],
         "kl": mets["kl"],
-        "skipped": mets["skipped"] * s.epochs * M,
+        "skipped": mets["skipped"] * cfg.train.epochs * cfg.train.minibatches,
         "reward_mean": jnp.mean(rewards),
         "reward_std": jnp.std(rewards),
         "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
@@ -230,10 +194,9 @@ def update(
         "dropped_tokens": dropped.astype(jnp.float32),
         "logp_rollout_mean": jnp.sum(jnp.where(valid, batch.logp, 0.0))
         / jnp.maximum(jnp.sum(valid), 1),
-        **stats,
+        **res.stats(),
     }
-    new_state = TrainState(upd.params, upd.opt_state, upd.step, upd.skipped)
-    return new_state, metrics
+    return state, metrics
 
 
 def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelConfig,
@@ -271,23 +234,11 @@ class StepFns(NamedTuple):
     batch_sharding: Any
 
 
-def state_shardings(state: TrainState, mesh: Mesh) -> Any:
-    """Shardings of a `TrainState`: params by the rules table, optimizer moments alike."""
+def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+    """Shardings of a `TrainState`: params by the rules table, optimizer leaves by path."""
     pspec = shd.param_shardings(state.params, mesh)
     rep = shd.replicated(mesh)
-    flat_p, _ = jax.tree.flatten(state.params)
-
-    # Optimizer leaves shaped like a param take that param's sharding (moments);
-    # everything else (counts, scalars) is replicated.
-    by_shape: dict[tuple, Any] = {}
-    for leaf, sh in zip(flat_p, jax.tree.leaves(pspec), strict=True):
-        by_shape.setdefault((leaf.shape, str(leaf.dtype)), sh)
-        by_shape.setdefault((leaf.shape, None), sh)
-
-    def opt_leaf(x):
-        return by_shape.get((x.shape, str(x.dtype)), by_shape.get((x.shape, None), rep))
-
-    return TrainState(pspec, jax.tree.map(opt_leaf, state.opt_state), rep, rep)
+    return TrainState(pspec, shd.opt_state_shardings(state.opt_state, pspec, mesh), rep, rep)
 
 
 def build_step_fns(
@@ -295,32 +246,33 @@ def build_step_fns(
     mesh: Mesh,
     optimizer: optax.GradientTransformation,
     sft_optimizer: optax.GradientTransformation | None,
-    s: StepSettings,
+    model_cfg: ModelConfig,
+    cfg: Config,
+    ids: TokenIds,
 ) -> StepFns:
-    """Compile-ready jitted rollout / update / SFT functions with explicit shardings."""
+    """Jitted rollout / update / SFT functions with explicit shardings (compiled on first call)."""
     st_sh = state_shardings(state, mesh)
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)
     rollout_sh = RolloutBatch(b2, b2, b2, b2, b2)
 
     def rollout_fn(params, prompt_tokens, prompt_mask, key):
-        return rollout(params, prompt_tokens, prompt_mask, key, s, mesh)
+        return rollout(params, prompt_tokens, prompt_mask, key, model_cfg, cfg.rollout, ids, mesh)
 
     rollout_jit = jax.jit(rollout_fn, in_shardings=(st_sh.params, b2, b2, rep),
                           out_shardings=rollout_sh)
 
     def update_fn(state, batch, rewards, key, ref_params):
-        return update(state, batch, rewards, key, ref_params, optimizer, s)
+        return update(state, batch, rewards, key, ref_params, optimizer, model_cfg, cfg)
 
-    ref_sh = st_sh.params if s.loss.beta_kl > 0 else None
-    update_jit = jax.jit(update_fn,
-                         in_shardings=(st_sh, rollout_sh, b2, rep, ref_sh),
+    ref_sh = st_sh.params if cfg.train.beta_kl > 0 else None
+    update_jit = jax.jit(update_fn, in_shardings=(st_sh, rollout_sh, b2, rep, ref_sh),
                          out_shardings=(st_sh, rep), donate_argnums=(0,))
     sft_jit = None
     if sft_optimizer is not None:
         def sft_fn(params, opt_state, tokens, loss_mask):
             (loss, aux), g = jax.value_and_grad(sft_loss, has_aux=True)(
-                params, tokens, loss_mask, s.model, DTYPES[s.compute_dtype])
+                params, tokens, loss_mask, model_cfg, DTYPES[cfg.model.compute_dtype])
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
         sft_jit = jax.jit(sft_fn, donate_argnums=(0, 1))

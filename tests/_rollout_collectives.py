@@ -13,21 +13,22 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from ais_jax import grpo
+from ais_jax import grpo, steps
 from ais_jax import sharding as shd
-from ais_jax import trainer as tr
+from ais_jax.config import load_config
 from ais_jax.model import ModelConfig, init_params
 
 
 def loops_of(act_scaling: str) -> list[dict[str, int]]:
     mc = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=16)
-    s = tr.StepSettings(model=mc, group_size=2, max_new_tokens=4, act_scaling=act_scaling)
+    cfg = load_config(None, ["rollout.group_size=2", "rollout.max_new_tokens=4",
+                             f"rollout.act_scaling={act_scaling}"])
     params = init_params(jax.random.key(0), mc)
     opt = grpo.make_optimizer(1e-3)
-    state = tr.TrainState(params, opt.init(params), jnp.zeros((), jnp.int32),
-                          jnp.zeros((), jnp.int32))
-    fns = tr.build_step_fns(state, shd.make_mesh(1, 2, 1), opt, None, s)
+    state = grpo.init_train_state(params, opt)
+    fns = steps.build_step_fns(state, shd.make_mesh(1, 2, 1), opt, None, mc, cfg,
+                               steps.TokenIds((), None))
     state = jax.device_put(state, fns.state_shardings)
     pt, pm = jnp.ones((4, 8), jnp.int32), jnp.ones((4, 8), bool)
     hlo = fns.rollout.lower(state.params, pt, pm, jax.random.key(1)).compile().as_text()

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from ais_jax import grpo
+from ais_jax.distributions import token_logprobs
 from ais_jax.model import ModelConfig, forward, init_params
 
 
@@ -34,10 +35,12 @@ def test_token_logprobs_applies_temperature():
     for T in (1.0, 0.5, 2.0):
         z = np.array([2.0, 1.0, 0.0, -1.0]) / T
         ref = z[2] - np.log(np.exp(z).sum())
-        np.testing.assert_allclose(float(grpo.token_logprobs(logits, jnp.array([2]), T)[0]), ref,
+        np.testing.assert_allclose(float(token_logprobs(logits, jnp.array([2]), T)[0]), ref,
                                    rtol=1e-6)
-    with pytest.raises(ValueError, match="temperature"):
-        grpo.token_logprobs(logits, jnp.array([2]), 0.0)
+    # temperature 0 is greedy decoding, scored at temperature 1 (as the sampler records it)
+    z = np.array([2.0, 1.0, 0.0, -1.0])
+    np.testing.assert_allclose(float(token_logprobs(logits, jnp.array([2]), 0.0)[0]),
+                               z[2] - np.log(np.exp(z).sum()), rtol=1e-6)
 
 
 # --------------------------------------------------------- loss vs NumPy reference
@@ -137,14 +140,15 @@ def _update_setup(adv_value):
     batch = grpo.GRPOBatch(prompt, pmask, toks, mask, logp_old,
                            jnp.full(toks.shape, adv_value, jnp.float32))
     opt = grpo.make_optimizer(1e-2, clip_norm=1.0)
-    loss_fn = lambda p, b: grpo.policy_loss(p, b, CFG)  # noqa: E731
+    f32 = grpo.Scoring(compute_dtype=jnp.float32)
+    loss_fn = lambda p, b: grpo.policy_loss(p, b, CFG, scoring=f32)  # noqa: E731
     step = jax.jit(lambda s, b: grpo.apply_update(s, b, loss_fn, opt))
     return params, batch, opt, step, logp_old
 
 
 def test_update_raises_logp_of_positive_advantage_tokens():
     params, batch, opt, step, logp_old = _update_setup(1.0)
-    state = grpo.init_update_state(params, opt)
+    state = grpo.init_train_state(params, opt)
     for _ in range(3):
         state, metrics = step(state, batch)
     new = grpo.sequence_logprobs(state.params, batch.prompt_tokens, batch.prompt_mask,
@@ -157,7 +161,7 @@ def test_update_raises_logp_of_positive_advantage_tokens():
 @pytest.mark.parametrize("poison", ["advantage_nan", "logp_old_inf"])
 def test_nonfinite_step_is_skipped_bit_identically(poison):
     params, batch, opt, step, _ = _update_setup(1.0)
-    state = grpo.init_update_state(params, opt)
+    state = grpo.init_train_state(params, opt)
     state, _ = step(state, batch)  # one real step so the optimizer moments are nonzero
     if poison == "advantage_nan":
         bad = batch._replace(advantages=batch.advantages.at[0, 0].set(jnp.nan))

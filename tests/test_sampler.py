@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ais_jax import fp8, sampler
+from ais_jax import distributions, fp8, sampler
 from ais_jax import model as model_lib
+from ais_jax.distributions import sample_logits, token_logprobs, truncate_logits
 from ais_jax.model import ModelConfig
-from ais_jax.sampler import (
-    bucket_length,
-    pad_prompts,
-    sample,
-    sample_logits,
-    token_logprobs_from_logits,
-    truncate_logits,
-)
+from ais_jax.sampler import bucket_length, pad_prompts, sample
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64)
@@ -45,7 +39,7 @@ def _rescore(params, prompt_tokens, prompt_mask, out, G, temperature, top_k=0, t
     seq_mask = jnp.concatenate([jnp.repeat(jnp.asarray(prompt_mask), G, 0),
                                 jnp.ones(out.tokens.shape, bool)], 1)
     logits = _forward(params, seq[:, :-1], CFG, seq_mask[:, :-1])[:, P - 1:]
-    return token_logprobs_from_logits(logits, out.tokens, temperature, top_k, top_p), logits
+    return token_logprobs(logits, out.tokens, temperature, top_k, top_p), logits
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -104,7 +98,7 @@ def test_draws_match_the_truncated_softmax(T, k, p):
     res = stats.chisquare(counts, n * probs[kept])
     assert res.pvalue > 1e-3, (res, counts, n * probs[kept])
     # The trainer-side scorer agrees with what the sampler recorded.
-    ref = token_logprobs_from_logits(jnp.broadcast_to(logits, (8, V)), jnp.asarray(tok[:8]),
+    ref = token_logprobs(jnp.broadcast_to(logits, (8, V)), jnp.asarray(tok[:8]),
                                      T, k, p)
     np.testing.assert_allclose(ref, logp[:8], atol=1e-5)
 
@@ -112,7 +106,7 @@ def test_draws_match_the_truncated_softmax(T, k, p):
 def test_inverse_cdf_handles_zero_weights_and_large_vocab():
     V = 1000  # not a multiple of the block size: padded blocks
     w = jnp.zeros((4096, V)).at[:, 0].set(0.0).at[:, 999].set(1.0).at[:, 500].set(3.0)
-    idx = np.asarray(sampler.categorical_inverse_cdf(jax.random.key(0), w))
+    idx = np.asarray(distributions.categorical_inverse_cdf(jax.random.key(0), w))
     assert set(np.unique(idx)) <= {500, 999}
     assert abs((idx == 500).mean() - 0.75) < 0.03
 
@@ -124,10 +118,10 @@ def test_truncate_logits_known_values():
     np.testing.assert_array_equal(np.isfinite(truncate_logits(z, 0, 0.5)), [1, 0, 0, 0])
     np.testing.assert_array_equal(np.isfinite(truncate_logits(z, 0, 0.6)), [1, 1, 1, 0])
     np.testing.assert_array_equal(np.isfinite(truncate_logits(z, 0, 1.0)), [1, 1, 1, 1])
-    lp = token_logprobs_from_logits(z, jnp.array(0), 1.0, 0, 0.6)
+    lp = token_logprobs(z, jnp.array(0), 1.0, 0, 0.6)
     np.testing.assert_allclose(lp, np.log(0.5 / 0.9), rtol=1e-6)
-    # Temperature scales before the softmax (the pitfall SPEC.md warns about).
-    lp2 = token_logprobs_from_logits(z, jnp.array(3), 2.0)
+    # Temperature scales before the softmax (the pitfall docs/spec.md warns about).
+    lp2 = token_logprobs(z, jnp.array(3), 2.0)
     np.testing.assert_allclose(lp2, jax.nn.log_softmax(z / 2.0)[3], rtol=1e-6)
 
 
@@ -155,7 +149,7 @@ def test_logp_under_truncation_matches_rescore(k, p):
                  temperature=1.0, top_k=k, top_p=p, decode_segments=1)
     ref, logits = _rescore(PARAMS, TOKENS, MASK, out, 1, 1.0, k, p)
     np.testing.assert_allclose(out.logp, ref, atol=1e-4)
-    untruncated = token_logprobs_from_logits(logits, out.tokens, 1.0)
+    untruncated = token_logprobs(logits, out.tokens, 1.0)
     assert bool(jnp.all(out.logp >= untruncated - 1e-6))  # renormalized: never less likely
     assert bool(jnp.any(out.logp > untruncated + 1e-3))
     if k:  # every sampled token is among the k largest of its step

@@ -18,12 +18,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from ais_jax import train
-from ais_jax import trainer as tr
+from ais_jax import grpo, steps, train
+from ais_jax.codec import PromptCodec
 from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
 from ais_jax.errors import UsageError
+from ais_jax.warmstart import sft_batch
 
 TINY = [
     "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
@@ -82,9 +84,9 @@ def test_sft_batch_correct_and_flawed_demonstrations():
     from ais_jax.tasks.base import Problem
 
     task, tok = get_task("arithmetic"), CharTokenizer()
-    codec = train.Codec(tok, "compact", task, tok.pad_id, (tok.eos_id,))
+    codec = PromptCodec(tok, "compact", task, tok.pad_id, (tok.eos_id,))
     p = Problem("t", "", "125", {"expression": "57+68", "value": 125})
-    toks, lm = train.sft_batch([p, p], [False, True], codec, 16, 8)
+    toks, lm = sft_batch([p, p], [False, True], codec, 16, 8)
     prompt = tok.encode("57+68=", add_bos=True)
     for row, answer in ((0, "125"), (1, "15")):  # the flawed row forgets both carries
         target = tok.encode(answer, add_eos=True)
@@ -93,7 +95,7 @@ def test_sft_batch_correct_and_flawed_demonstrations():
         assert (toks[row, n:] == tok.pad_id).all()
         assert lm[row].tolist() == [0.0] * len(prompt) + [1.0] * len(target) + [0.0] * (16 - n)
     with pytest.raises(UsageError, match="more than 8"):
-        train.sft_batch([p], [False], codec, 8, 8)
+        sft_batch([p], [False], codec, 8, 8)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +165,7 @@ def _free_port():
 
 def test_decode_loop_never_gathers_weights():
     # The FP8 rollout copy is laid out without the fsdp axis once per weight
-    # sync; the compiled decode loops must not all-gather (DESIGN.md section 1).
+    # sync; the compiled decode loops must not all-gather (docs/spec.md section 7).
     # Per-tensor activation scales all-reduce one scalar amax per FP8 linear;
     # per-token scales need no collective at all.
     helper = os.path.join(os.path.dirname(__file__), "_rollout_collectives.py")
@@ -188,10 +190,11 @@ from ais_jax import train
 train._init_distributed(False)
 import jax, jax.numpy as jnp
 from ais_jax import checkpoint as ckpt, sharding as shd
+from ais_jax.placement import place
 mesh = shd.make_mesh(1, 2, 1)  # fsdp over the two processes, one device each
 tree = {"w": jnp.arange(8.0).reshape(4, 2), "n": jnp.ones((3,))}
 shardings = shd.param_shardings(tree, mesh)
-placed = train._place(tree, shardings)
+placed = place(tree, shardings)
 assert not placed["w"].is_fully_addressable
 manager = ckpt.open_manager(sys.argv[1], keep=1)
 ckpt.save(manager, 0, placed)
@@ -207,7 +210,7 @@ print("ok", jax.process_index())
 
 def test_place_and_checkpoint_with_one_device_per_process(tmp_path):
     # jax.device_put onto a mesh spanning processes with one device each gave
-    # arrays orbax could not save (jax 0.10.2); train._place builds them instead.
+    # arrays orbax could not save (jax 0.10.2); placement.place builds them instead.
     port = _free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-c", _PLACE_SCRIPT, str(tmp_path)], text=True,
@@ -243,18 +246,16 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
 
 
 def test_nonfinite_update_is_skipped_and_counted():
-    cfg = load_config(None, [*TINY])
     from ais_jax.model import ModelConfig, init_params
     from ais_jax.sharding import make_mesh
 
     mc = ModelConfig(vocab_size=17, hidden_size=16, intermediate_size=32, num_layers=1,
                      num_heads=2, num_kv_heads=1, head_dim=8)
-    s = tr.StepSettings(model=mc, group_size=2, max_new_tokens=3)
+    cfg = load_config(None, [*TINY, "rollout.group_size=2", "rollout.max_new_tokens=3"])
     params = init_params(jax.random.key(0), mc)
-    opt = tr.grpo.make_optimizer(1e-2)
-    state = tr.TrainState(params, opt.init(params), jnp.zeros((), jnp.int32),
-                          jnp.zeros((), jnp.int32))
-    fns = tr.build_step_fns(state, make_mesh(), opt, None, s)
+    opt = grpo.make_optimizer(1e-2)
+    state = grpo.init_train_state(params, opt)
+    fns = steps.build_step_fns(state, make_mesh(), opt, None, mc, cfg, steps.TokenIds((), None))
     pt = jnp.ones((2, 3), jnp.int32)
     batch = fns.rollout(params, pt, jnp.ones((2, 3), bool), jax.random.key(1))
     bad = batch._replace(logp=batch.logp.at[0, 0].set(jnp.nan))
@@ -264,7 +265,6 @@ def test_nonfinite_update_is_skipped_and_counted():
     assert float(met["skipped"]) == 1.0 and int(new.skipped) == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new.params), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
-    del cfg
 
 
 def test_sft_warm_start_lowers_the_loss():
@@ -275,15 +275,15 @@ def test_sft_warm_start_lowers_the_loss():
     params = init_params(jax.random.key(0), mc)
     toks = jnp.array([[1, 3, 4, 5, 6, 2], [1, 7, 8, 9, 10, 2]])
     lmask = jnp.array([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
-    opt = tr.grpo.make_optimizer(1e-2)
+    opt = grpo.make_optimizer(1e-2)
     st = opt.init(params)
 
     @jax.jit
     def step(p, st):
-        (loss, _), g = jax.value_and_grad(tr.sft_loss, has_aux=True)(p, toks, lmask, mc,
-                                                                     jnp.float32)
+        (loss, _), g = jax.value_and_grad(steps.sft_loss, has_aux=True)(p, toks, lmask, mc,
+                                                                        jnp.float32)
         u, st = opt.update(g, st, p)
-        return tr.optax.apply_updates(p, u), st, loss
+        return optax.apply_updates(p, u), st, loss
 
     first = None
     for _ in range(30):

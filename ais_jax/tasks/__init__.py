@@ -30,7 +30,14 @@ from ais_jax.tasks.base import Problem, Task, split_of
 from ais_jax.tasks.evaluate import EvalResult, evaluate, pass_at_k
 from ais_jax.tasks.math_qa import dataset_task, load_jsonl
 from ais_jax.tasks.reasoning_gym_task import reasoning_gym_task
-from ais_jax.tasks.rewards import RewardConfig, RewardParts, batch_rewards, reward, reward_parts
+from ais_jax.tasks.rewards import (
+    RewardConfig,
+    RewardParts,
+    batch_rewards,
+    reward,
+    reward_parts,
+    score_batch,
+)
 from ais_jax.tasks.tokenizer import CharTokenizer
 
 TASKS: dict[str, Task] = {
@@ -69,5 +76,6 @@ __all__ = [
     "reasoning_gym_task",
     "reward",
     "reward_parts",
+    "score_batch",
     "split_of",
 ]

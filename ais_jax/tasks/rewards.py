@@ -90,19 +90,31 @@ def call_user_reward(fn: UserReward, completion: str, problem: Problem) -> float
     return out
 
 
-def correctness(task: Task, completion: str, problem: Problem) -> float:
-    """The task's score in ``[0, 1]`` (``float(verify)`` unless the task has a score)."""
+def correctness(task: Task, completion: str, problem: Problem,
+                verified: bool | None = None) -> float:
+    """The task's score in ``[0, 1]`` (``float(verify)`` unless the task has a score).
+
+    ``verified``: the result of ``task.verify`` if the caller already has it.
+    """
     if task.score is None:
-        return 1.0 if task.verify(completion, problem) else 0.0
+        ok = task.verify(completion, problem) if verified is None else verified
+        return 1.0 if ok else 0.0
     s = float(task.score(completion, problem))
     return min(max(s, 0.0), 1.0) if math.isfinite(s) else 0.0
 
 
 def reward_parts(
-    task: Task, completion: str, problem: Problem, config: RewardConfig = RewardConfig()
+    task: Task,
+    completion: str,
+    problem: Problem,
+    config: RewardConfig = RewardConfig(),
+    verified: bool | None = None,
 ) -> RewardParts:
-    """The reward of one completion, term by term (formula in the module doc)."""
-    correct = config.correct_weight * correctness(task, completion, problem)
+    """The reward of one completion, term by term (formula in the module doc).
+
+    ``verified``: the result of ``task.verify`` if the caller already has it.
+    """
+    correct = config.correct_weight * correctness(task, completion, problem, verified)
     fmt = config.format_weight * float(task.format_ok(completion)) if config.format_weight else 0.0
     user = tuple(call_user_reward(fn, completion, problem) for fn in config.user_fns)
     return RewardParts(correct + fmt + sum(user), correct, fmt, user)
@@ -142,3 +154,33 @@ def batch_rewards(
         [reward(task, c, p, config) for c, p in zip(completions, problems, strict=True)],
         dtype=np.float32,
     )
+
+
+def score_batch(
+    task: Task,
+    completions: Sequence[str],
+    problems: Sequence[Problem],
+    config: RewardConfig = RewardConfig(),
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rewards and verifier verdicts of paired completions, verifying each completion once.
+
+    Args:
+      task: the task.
+      completions: ``[B]`` decoded completions.
+      problems: ``[B]`` the problem of each completion.
+      config: reward weights and user functions.
+
+    Returns:
+      ``(rewards [B] float32, correct [B] bool)``.
+    """
+    if len(completions) != len(problems):
+        raise ValueError(
+            f"got {len(completions)} completions for {len(problems)} problems; "
+            "pass one problem per completion."
+        )
+    correct = [bool(task.verify(c, p)) for c, p in zip(completions, problems, strict=True)]
+    rewards = [
+        reward_parts(task, c, p, config, ok).total
+        for c, p, ok in zip(completions, problems, correct, strict=True)
+    ]
+    return np.asarray(rewards, np.float32), np.asarray(correct, np.bool_)

@@ -1,0 +1,178 @@
+"""Everything a run needs, built from its config: task, mesh, model, tokenizer, optimizers.
+
+`build_run(cfg)` returns a `Run`; `ais_jax.train` (the CLI loop),
+`ais_jax.warmstart`, `ais_jax.evaluation` and `ais_jax.rl` take it from there.
+Bad input found here raises `ais_jax.errors.UsageError` (one line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh
+
+from ais_jax import grpo
+from ais_jax import sharding as shd
+from ais_jax import steps as st
+from ais_jax.codec import PromptCodec
+from ais_jax.config import Config
+from ais_jax.errors import UsageError
+from ais_jax.model import ModelConfig, init_params
+from ais_jax.sampler import bucket_length
+
+
+@dataclasses.dataclass
+class Run:
+    """A run's built pieces (no mutable training state: that is the `grpo.TrainState`)."""
+
+    cfg: Config
+    task: Any  # ais_jax.tasks.Task
+    mesh: Mesh
+    model_cfg: ModelConfig
+    codec: PromptCodec
+    optimizer: optax.GradientTransformation
+    sft_optimizer: optax.GradientTransformation | None
+    fns: st.StepFns
+    state: grpo.TrainState  # the initial state, laid out with fns.state_shardings
+    eval_problems: list[Any]
+    prompt_bucket: int  # P: prompt length every batch is left-padded to
+
+    def train_problems(self, stream: int, step: int, n: int) -> list[Any]:
+        """``n`` training problems of ``stream`` (0: RL, 1: warm start) at ``step``; seeded."""
+        return problems_at(self.cfg, self.task, stream, step, n)
+
+
+def problems_at(cfg: Config, task: Any, stream: int, step: int, n: int) -> list[Any]:
+    """The deterministic training problems of (seed, stream, step)."""
+    seed = (cfg.seed * 1_000_003 + stream * 7_777_777 + step) % 2**31
+    return task.generate(seed=seed, n=n, split="train", **dict(cfg.task.difficulty))
+
+
+def build_task(cfg: Config) -> Any:
+    """The config's task; ``gsm8k`` / ``math`` read ``task.train_file`` / ``task.eval_file``."""
+    from ais_jax.tasks import TASKS, dataset_task, get_task, load_jsonl
+
+    name = cfg.task.name
+    if name in TASKS:
+        task = get_task(name)
+    elif name in ("gsm8k", "math"):
+        if not cfg.task.train_file:
+            raise UsageError(f"task.name={name} needs task.train_file (a local JSONL file)")
+        train = load_jsonl(cfg.task.train_file)
+        ev = load_jsonl(cfg.task.eval_file) if cfg.task.eval_file else None
+        task = dataset_task(name, train, ev)
+    else:
+        try:
+            task = get_task(name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if cfg.sft.mistake_rate > 0 and getattr(task, "mistake", None) is None:
+        raise UsageError(f"sft.mistake_rate={cfg.sft.mistake_rate} needs a task with a typical "
+                         f"mistake, and task {cfg.task.name!r} defines none; set "
+                         "sft.mistake_rate=0")
+    return task
+
+
+def build_mesh(cfg: Config) -> Mesh:
+    """The ``(data, fsdp, tensor)`` mesh; checks it against the devices and the batch."""
+    n_dev = len(jax.devices())
+    m = cfg.mesh
+    if m.data * m.fsdp * m.tensor > n_dev:
+        raise UsageError(
+            f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} needs "
+            f"{m.data * m.fsdp * m.tensor} devices but only {n_dev} are visible; lower the mesh "
+            "sizes (on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
+    mesh = shd.make_mesh(m.data, m.fsdp, m.tensor)
+    div = shd.batch_divisor(mesh)
+    if cfg.rollout.prompts_per_step % div:
+        raise UsageError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a "
+                         f"multiple of mesh.data * mesh.fsdp = {div}")
+    return mesh
+
+
+def scratch_model_config(tok: Any, *, hidden_size: int, intermediate_size: int,
+                         num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                         max_positions: int = 4096, tie_embeddings: bool = True) -> ModelConfig:
+    """The `ModelConfig` of a from-scratch decoder over the character tokenizer ``tok``."""
+    return ModelConfig(
+        vocab_size=tok.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, max_position_embeddings=max_positions, bos_token_id=tok.bos_id,
+        eos_token_id=tok.eos_id, eos_token_ids=(tok.eos_id,), pad_token_id=tok.pad_id,
+        tie_embeddings=tie_embeddings)
+
+
+def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
+    """``(params, model_cfg, codec)``: a scratch model, an HF directory, a GGUF file or SmolLM2."""
+    from ais_jax.tasks import CharTokenizer
+
+    param_dtype = st.DTYPES[cfg.model.param_dtype]
+    style = cfg.task.prompt_style
+    if cfg.model.source == "scratch":
+        if style != "compact":
+            raise UsageError("a scratch model uses the character tokenizer; set "
+                             "task.prompt_style=compact")
+        tok = CharTokenizer()
+        mc = cfg.model
+        model_cfg = scratch_model_config(
+            tok, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+            num_layers=mc.num_layers, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim)
+        params = init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), model_cfg,
+                             param_dtype)
+        return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
+    from ais_jax.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
+
+    source = smollm2_gguf_path() if cfg.model.source == "smollm2" else cfg.model.source
+    params, model_cfg = load_pretrained(source, dtype=param_dtype)
+    if os.path.isfile(os.path.join(str(source), "char_tokenizer.json")):
+        tok = CharTokenizer.load(str(source))  # a policy exported by a scratch run of this CLI
+        return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
+    tok = load_tokenizer(source)
+    eos = tuple(model_cfg.eos_token_ids) or ((tok.eos_token_id,) if tok.eos_token_id
+                                              is not None else ())
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    return params, model_cfg, PromptCodec(tok, style, task, int(pad), tuple(int(e) for e in eos))
+
+
+def build_optimizers(cfg: Config) -> tuple[optax.GradientTransformation,
+                                           optax.GradientTransformation | None]:
+    """``(GRPO optimizer, warm-start optimizer or None)`` from the train and sft sections."""
+    t = cfg.train
+    lr: float | Callable[[Any], Any] = t.learning_rate
+    if t.warmup_steps:
+        lr = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
+    optimizer = grpo.make_optimizer(lr, clip_norm=t.clip_norm or None,
+                                    weight_decay=t.weight_decay)
+    sft_opt = None
+    if cfg.sft.steps > 0 and cfg.model.source == "scratch":
+        s = cfg.sft
+        sft_lr = optax.warmup_cosine_decay_schedule(
+            0.0, s.learning_rate, min(s.warmup_steps, s.steps - 1), s.steps, 0.1 * s.learning_rate)
+        sft_opt = grpo.make_optimizer(sft_lr, clip_norm=1.0)
+    return optimizer, sft_opt
+
+
+def build_run(cfg: Config) -> Run:
+    """Build every piece of the run ``cfg`` describes (programs compile on first call)."""
+    from ais_jax.placement import place
+
+    task = build_task(cfg)
+    mesh = build_mesh(cfg)
+    params, model_cfg, codec = build_model(cfg, task)
+    optimizer, sft_opt = build_optimizers(cfg)
+    eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
+                                  **dict(cfg.task.difficulty))
+    first = problems_at(cfg, task, 0, 0, cfg.rollout.prompts_per_step)
+    longest = max(len(codec.encode_prompt(p)) for p in eval_problems + first)
+    state = grpo.init_train_state(params, optimizer)
+    ids = st.TokenIds(codec.eos_ids, codec.pad_id)
+    fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
+    state = place(state, fns.state_shardings)
+    return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
+               bucket_length(longest + 4, pow2_max=0))

@@ -1,0 +1,158 @@
+"""The sampling distribution: temperature, top-k / top-p truncation, token log-probs, draws.
+
+One module for the math that the sampler and the trainer must agree on
+(docs/spec.md section 4, "pitfalls"), in the order Hugging Face's logits
+warpers use::
+
+    z = logits / temperature                 # float32
+    z = top_k(z, k)                          # keep the k largest (ties at the k-th kept)
+    z = top_p(z, p)                          # keep the smallest head of mass >= p
+                                             # (of the top-k renormalized distribution)
+    token ~ softmax(z)      logp = log_softmax(z)[token]
+
+The sampler draws with `sample_logits` and records ``logp``; the trainer
+re-scores the same tokens with `token_logprobs` and the same settings.  With
+``temperature == 0`` decoding is greedy (argmax of the raw logits, no
+truncation) and the recorded log-prob is ``log_softmax(logits)`` (temperature
+1, untruncated) of the chosen token.  A token outside the truncated set has
+log-prob ``-inf``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """Top-k then top-p truncation: ``-inf`` outside the kept set. ``[..., V]`` float32.
+
+    ``z`` are temperature-scaled logits.  Top-k keeps every token whose logit is
+    at least the k-th largest (ties included, as Hugging Face does).  Top-p keeps
+    the smallest set of most likely tokens (of the top-k renormalized
+    distribution) whose probability sums to at least ``top_p``; tokens tied with
+    the last kept one are kept too.  ``top_k=0`` / ``top_p=1`` disable each.
+    """
+    z = z.astype(jnp.float32)
+    V = z.shape[-1]
+    if 0 < top_k < V:
+        kth = jax.lax.top_k(z, top_k)[0][..., -1:]  # [..., 1]
+        z = jnp.where(z >= kth, z, -jnp.inf)
+    if top_p < 1.0:
+        zs = -jnp.sort(-z, axis=-1)  # [..., V] descending
+        ps = jax.nn.softmax(zs, axis=-1)
+        before = jnp.cumsum(ps, axis=-1) - ps  # mass strictly ahead of each token
+        n_keep = jnp.maximum(jnp.sum(before < top_p, axis=-1, keepdims=True), 1)
+        thr = jnp.take_along_axis(zs, n_keep - 1, axis=-1)  # [..., 1]
+        z = jnp.where(z >= thr, z, -jnp.inf)
+    return z
+
+
+def token_logprobs(
+    logits: jax.Array,
+    tokens: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> jax.Array:
+    """Log-prob of ``tokens`` under the sampling distribution the sampler uses.
+
+    Args:
+      logits: ``[..., V]`` raw logits (any float dtype; computed in float32).
+      tokens: ``[...]`` int ids.
+      temperature: sampling temperature; 0 means greedy, scored at temperature
+        1 without truncation (as `sample` records it).
+      top_k: keep the k largest (0 = off).
+      top_p: nucleus mass (1 = off).
+
+    Returns:
+      ``[...]`` float32: ``log_softmax(truncate(logits / T))[token]``
+      (``-inf`` for a token outside the truncated set).
+    """
+    z = logits.astype(jnp.float32)
+    if temperature > 0:
+        z = truncate_logits(z / temperature, top_k, top_p)
+    lp = jax.nn.log_softmax(z, axis=-1)
+    return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _block_size(V: int) -> int:
+    return max(1, 1 << round(math.log2(math.sqrt(V))))
+
+
+def categorical_inverse_cdf(key: jax.Array, weights: jax.Array) -> jax.Array:
+    """Draw one index per row with probability ``weights / sum(weights)``.
+
+    Exact inverse-CDF draw with one uniform per row: the running sum over
+    blocks of about sqrt(V) entries picks the block, a cumulative sum inside it
+    picks the entry.  Never returns an index of zero weight (rows need a
+    positive total).
+
+    Args:
+      key: PRNG key.
+      weights: ``[B, V]`` non-negative float32 (e.g. ``exp(z - max z)``).
+
+    Returns:
+      ``[B]`` int32 indices.
+    """
+    return _inverse_cdf(jax.random.uniform(key, weights.shape[:1], jnp.float32), weights)
+
+
+def _inverse_cdf(u: jax.Array, weights: jax.Array) -> jax.Array:
+    """`categorical_inverse_cdf` given the uniforms ``u`` ``[B]`` in [0, 1)."""
+    B, V = weights.shape
+    blk = _block_size(V)
+    nb = -(-V // blk)
+    w = jnp.pad(weights, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)  # [B, nb, blk]
+    bsum = jnp.sum(w, axis=-1)  # [B, nb]
+    bcum = jnp.cumsum(bsum, axis=-1)  # [B, nb]
+    u = u * bcum[:, -1]  # [B] in [0, total)
+    last_block = nb - 1 - jnp.argmax((bsum > 0)[:, ::-1], axis=-1)
+    j = jnp.minimum(jnp.sum(bcum <= u[:, None], axis=-1), last_block)  # [B]
+    ahead = jnp.take_along_axis(bcum - bsum, j[:, None], axis=-1)[:, 0]
+    r = jnp.maximum(u - ahead, 0.0)  # [B] offset inside block j
+    wj = jnp.take_along_axis(w, j[:, None, None], axis=1)[:, 0]  # [B, blk]
+    last_in = blk - 1 - jnp.argmax((wj > 0)[:, ::-1], axis=-1)
+    i = jnp.minimum(jnp.sum(jnp.cumsum(wj, axis=-1) <= r[:, None], axis=-1), last_in)
+    return (j * blk + i).astype(jnp.int32)
+
+
+def sample_logits(
+    key: jax.Array,
+    logits: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row and its log-prob under the distribution drawn from.
+
+    Args:
+      key: PRNG key.
+      logits: ``[B, V]`` raw logits.
+      temperature, top_k, top_p: as in `sample` (static Python numbers).
+
+    Returns:
+      ``(tokens [B] int32, logp [B] float32)``; ``logp`` equals
+      ``token_logprobs(logits, tokens, temperature, top_k, top_p)``.
+    """
+    u = jax.random.uniform(key, logits.shape[:1], jnp.float32)
+    return sample_logits_u(u, logits, temperature, top_k, top_p)
+
+
+def sample_logits_u(
+    u: jax.Array, logits: jax.Array, temperature: float, top_k: int, top_p: float
+) -> tuple[jax.Array, jax.Array]:
+    """`sample_logits` given the row uniforms ``u`` ``[B]`` in [0, 1)."""
+    z = logits.astype(jnp.float32)
+    if temperature == 0:
+        tok = jnp.argmax(z, axis=-1).astype(jnp.int32)
+        return tok, token_logprobs(z, tok, 0.0)
+    z = truncate_logits(z / temperature, top_k, top_p)
+    m = jnp.max(z, axis=-1, keepdims=True)  # [B, 1], finite: the argmax is always kept
+    e = jnp.exp(z - m)  # [B, V], 0 outside the kept set
+    tok = _inverse_cdf(u, e)
+    zt = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0]
+    logp = zt - m[:, 0] - jnp.log(jnp.sum(e, axis=-1))
+    return tok, logp

@@ -1,0 +1,66 @@
+"""One RL step on the host side: rollout -> decode -> rewards -> update, as one plain function.
+
+`make_rl_step(run, ref_params)` returns ``rl_step(state, problems, key) ->
+(state, record)``::
+
+    prompts  = codec.encode_batch(problems, P)                     # [Pn, P] left-padded
+    batch    = fns.rollout(state.params, prompts, rollout_key)     # G samples per prompt
+    texts    = codec.decode(batch.tokens, batch.mask)              # host
+    rewards  = task verifier (once per completion)                 # host, [Pn, G]
+    state, m = fns.update(state, batch, rewards, update_key, ref)  # advantages, AIS, GRPO
+
+``record`` holds the training accuracy (share of verified completions) and
+every metric of the update (docs/spec.md section 5: reward, d_bar, ESS ratio,
+alpha and its parts, loss, ...).  The CLI loop (`ais_jax.train`) adds the step
+number, timing and evaluations, and logs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ais_jax.build import Run
+from ais_jax.grpo import TrainState
+from ais_jax.placement import to_global, to_host
+from ais_jax.tasks import RewardConfig, score_batch
+
+RLStep = Callable[[TrainState, Sequence[Any], jax.Array], tuple[TrainState, dict[str, float]]]
+
+
+def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
+    """The run's RL step; ``ref_params`` is the KL reference policy (None: no KL term)."""
+    cfg, codec, fns = run.cfg, run.codec, run.fns
+    G = cfg.rollout.group_size
+    reward_cfg = RewardConfig(format_weight=cfg.train.reward_format_weight)
+    sh = fns.batch_sharding
+
+    def rl_step(state: TrainState, problems: Sequence[Any],
+                key: jax.Array) -> tuple[TrainState, dict[str, float]]:
+        """Sample G completions for each of ``problems``, score them, update ``state``.
+
+        Args:
+          state: the train state (donated to the update).
+          problems: ``Pn`` task problems (``rollout.prompts_per_step``).
+          key: this step's PRNG key (split into rollout and update keys).
+
+        Returns:
+          ``(new_state, record)``: ``record`` maps metric names to floats.
+        """
+        rkey, ukey = jax.random.split(key)
+        pt, pm = codec.encode_batch(problems, run.prompt_bucket)
+        batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
+        toks, msk = to_host(batch.tokens), to_host(batch.mask)
+        texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
+        rewards, correct = score_batch(run.task, texts, [p for p in problems for _ in range(G)],
+                                       reward_cfg)
+        rewards_g = to_global(rewards.reshape(len(problems), G), sh)
+        state, met = fns.update(state, batch, rewards_g, ukey, ref_params)
+        record = {"accuracy": float(np.mean(correct))}
+        record.update({k: float(v) for k, v in jax.device_get(met).items()})
+        return state, record
+
+    return rl_step
