@@ -16,7 +16,7 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from ais_jax import grpo
+from ais_jax import optim
 from ais_jax import sharding as shd
 from ais_jax import steps as st
 from ais_jax.codec import PromptCodec
@@ -28,7 +28,7 @@ from ais_jax.sampler import bucket_length
 
 @dataclasses.dataclass
 class Run:
-    """A run's built pieces (no mutable training state: that is the `grpo.TrainState`)."""
+    """A run's built pieces (no mutable training state: that is the `optim.TrainState`)."""
 
     cfg: Config
     task: Any  # ais_jax.tasks.Task
@@ -38,7 +38,7 @@ class Run:
     optimizer: optax.GradientTransformation
     sft_optimizer: optax.GradientTransformation | None
     fns: st.StepFns
-    state: grpo.TrainState  # the initial state, laid out with fns.state_shardings
+    state: optim.TrainState  # the initial state, laid out with fns.state_shardings
     eval_problems: list[Any]
     prompt_bucket: int  # P: prompt length every batch is left-padded to
 
@@ -92,6 +92,15 @@ def build_mesh(cfg: Config) -> Mesh:
     if cfg.rollout.prompts_per_step % div:
         raise UsageError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a "
                          f"multiple of mesh.data * mesh.fsdp = {div}")
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.train.minibatches
+    if rows % div:
+        raise UsageError(f"a minibatch of {rows} rows (prompts_per_step * group_size / "
+                         f"train.minibatches) does not split over mesh.data * mesh.fsdp = {div} "
+                         "batch shards; use fewer minibatches or more prompts")
+    micro = cfg.train.micro_batch_size
+    if micro and micro % div:
+        raise UsageError(f"train.micro_batch_size={micro} must be a multiple of mesh.data * "
+                         f"mesh.fsdp = {div} (each micro-batch is split over the batch shards)")
     return mesh
 
 
@@ -147,14 +156,14 @@ def build_optimizers(cfg: Config) -> tuple[optax.GradientTransformation,
     lr: float | Callable[[Any], Any] = t.learning_rate
     if t.warmup_steps:
         lr = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
-    optimizer = grpo.make_optimizer(lr, clip_norm=t.clip_norm or None,
+    optimizer = optim.make_optimizer(lr, clip_norm=t.clip_norm or None,
                                     weight_decay=t.weight_decay)
     sft_opt = None
     if cfg.sft.steps > 0 and cfg.model.source == "scratch":
         s = cfg.sft
         sft_lr = optax.warmup_cosine_decay_schedule(
             0.0, s.learning_rate, min(s.warmup_steps, s.steps - 1), s.steps, 0.1 * s.learning_rate)
-        sft_opt = grpo.make_optimizer(sft_lr, clip_norm=1.0)
+        sft_opt = optim.make_optimizer(sft_lr, clip_norm=1.0)
     return optimizer, sft_opt
 
 
@@ -165,12 +174,14 @@ def build_run(cfg: Config) -> Run:
     task = build_task(cfg)
     mesh = build_mesh(cfg)
     params, model_cfg, codec = build_model(cfg, task)
+    if cfg.model.param_dtype == "bfloat16":
+        optim.check_bf16_master(params, cfg.train.learning_rate)
     optimizer, sft_opt = build_optimizers(cfg)
     eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
                                   **dict(cfg.task.difficulty))
     first = problems_at(cfg, task, 0, 0, cfg.rollout.prompts_per_step)
     longest = max(len(codec.encode_prompt(p)) for p in eval_problems + first)
-    state = grpo.init_train_state(params, optimizer)
+    state = optim.init_train_state(params, optimizer)
     ids = st.TokenIds(codec.eos_ids, codec.pad_id)
     fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
     state = place(state, fns.state_shardings)

@@ -115,6 +115,9 @@ class TrainSection:
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     epochs: int = 1  # PPO epochs (mu) over each batch of rollouts
     minibatches: int = 1  # minibatches per epoch; must divide prompts_per_step * group_size
+    micro_batch_size: int = 0  # rows per gradient-accumulation micro-batch; 0 = whole minibatch
+    remat: str = "auto"  # per-layer remat: auto (full if pretrained) | none | full | dots
+    logprob_chunk: int = 64  # completion positions per lm_head application in log-probs; 0 = all
     clip_eps: float = 0.2  # PPO clip range (lower side; upper side too unless clip_eps_high)
     clip_eps_high: float = 0.0  # upper clip range (DAPO clip-higher); 0 = same as clip_eps
     beta_kl: float = 0.0  # weight of the k3 KL penalty to the reference policy; 0 disables
@@ -187,6 +190,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
+    "train.remat": ("auto", "none", "full", "dots"),
     "task.prompt_style": ("compact", "chat"),
     "rollout.precision": ("fp8", "bf16"),
     "rollout.fp8_format": ("e4m3", "e5m2"),
@@ -305,13 +309,20 @@ def _validate_train(tr: TrainSection, r: RolloutSection) -> None:
     _require(tr.learning_rate > 0, f"train.learning_rate must be > 0, got {tr.learning_rate}")
     _at_least("train", tr, ("epochs", "minibatches"), 1)
     _require(tr.clip_eps > 0, f"train.clip_eps must be > 0, got {tr.clip_eps}")
-    nonnegative = ("warmup_steps", "clip_norm", "weight_decay", "clip_eps_high", "beta_kl")
+    nonnegative = ("warmup_steps", "clip_norm", "weight_decay", "clip_eps_high", "beta_kl",
+                   "micro_batch_size", "logprob_chunk")
     _at_least("train", tr, (*nonnegative, "reward_format_weight"), 0)
     batch = r.prompts_per_step * r.group_size
     _require(
         batch % tr.minibatches == 0,
         f"train.minibatches={tr.minibatches} must divide rollout.prompts_per_step * "
         f"rollout.group_size = {batch}; pick a divisor of {batch}",
+    )
+    mb = batch // tr.minibatches
+    _require(
+        tr.micro_batch_size == 0 or mb % tr.micro_batch_size == 0,
+        f"train.micro_batch_size={tr.micro_batch_size} must divide the minibatch of "
+        f"{mb} rows (prompts_per_step * group_size / minibatches); pick a divisor of {mb}",
     )
 
 

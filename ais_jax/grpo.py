@@ -1,24 +1,20 @@
-"""GRPO: group advantages, completion log-probs, the clipped objective with k3 KL, the update.
+"""GRPO: group advantages, completion log-probs, the clipped objective with k3 KL.
 
 docs/spec.md section 5.  The one GRPO path of the library: the trainer
-(`ais_jax.steps`) differentiates `policy_loss` through `apply_update`.  The
-loss takes the AIS-weighted advantage ``A_tilde`` (from
-`ais_jax.ais.ais_coefficient`); the update works with any optax
-`GradientTransformation` and skips (and counts) a step whose loss or gradient
-is not finite, leaving params and optimizer state bit-identical.
+(`ais_jax.steps`) differentiates `policy_loss` through
+`ais_jax.optim.apply_update`.  The loss takes the AIS-weighted advantage
+``A_tilde`` (from `ais_jax.ais.ais_coefficient`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from ais_jax import model as model_lib
-from ais_jax.distributions import token_logprobs
+from ais_jax.logprobs import Constrain, completion_logprobs
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 
@@ -80,32 +76,8 @@ def sequence_logprobs(
       ``[B, N]`` float32 ``log pi(tokens[:, n] | prompt, tokens[:, :n])``.
       Positions after EOS are computed too (mask them downstream).
     """
-    logits = completion_logits(params, prompt_tokens, prompt_mask, tokens, cfg)  # [B, N, V]
-    return token_logprobs(logits, tokens, temperature, top_k, top_p)  # [B, N]
-
-
-def completion_logits(
-    params: dict,
-    prompt_tokens: jax.Array,
-    prompt_mask: jax.Array,
-    tokens: jax.Array,
-    cfg: model_lib.ModelConfig,
-) -> jax.Array:
-    """Logits ``[B, N, V]`` (float32) that predict each generated token from its prefix.
-
-    Args:
-      params: policy params.
-      prompt_tokens: ``[B, P]`` left-padded prompts.
-      prompt_mask: ``[B, P]``.
-      tokens: ``[B, N]`` generated tokens.
-      cfg: model config.
-    """
-    P = prompt_tokens.shape[1]
-    seq = jnp.concatenate([prompt_tokens, tokens], axis=1)  # [B, P+N]
-    seq_mask = jnp.concatenate([prompt_mask.astype(jnp.bool_),
-                                jnp.ones(tokens.shape, jnp.bool_)], axis=1)
-    logits = model_lib.forward(params, seq[:, :-1], cfg, seq_mask[:, :-1])  # [B, P+N-1, V]
-    return logits[:, P - 1:]  # [B, N, V]
+    return completion_logprobs(params, prompt_tokens, prompt_mask, tokens, cfg, temperature,
+                               top_k, top_p)  # [B, N]
 
 
 class LossConfig(NamedTuple):
@@ -131,6 +103,29 @@ class LossConfig(NamedTuple):
 DEFAULT_LOSS = LossConfig()
 
 
+class LossTotals(NamedTuple):
+    """Normalizers of a whole (mini)batch, for a loss summed over micro-batches.
+
+    Attributes:
+      tokens: float32 scalar, valid tokens of the whole batch (>= 1).
+      sequences: float32 scalar, sequences of the whole batch with a valid
+        token (>= 1; ``seq_mean_token_mean``).
+      rows: float32 scalar, all sequences of the whole batch (``constant``).
+    """
+
+    tokens: jax.Array
+    sequences: jax.Array
+    rows: jax.Array
+
+
+def loss_totals(mask: jax.Array) -> LossTotals:
+    """`LossTotals` of a ``[B, N]`` validity mask."""
+    vf = (mask != 0).astype(jnp.float32)
+    has = jnp.sum(vf, axis=-1) > 0
+    return LossTotals(jnp.maximum(jnp.sum(vf), 1.0), jnp.maximum(jnp.sum(has), 1).astype(
+        jnp.float32), jnp.asarray(max(1, mask.size // mask.shape[-1]), jnp.float32))
+
+
 def grpo_loss(
     logp_new: jax.Array,
     logp_old: jax.Array,
@@ -138,6 +133,7 @@ def grpo_loss(
     mask: jax.Array,
     logp_ref: jax.Array | None = None,
     loss_cfg: LossConfig = DEFAULT_LOSS,
+    totals: LossTotals | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped GRPO objective on (AIS-weighted) advantages with the k3 KL penalty.
 
@@ -153,6 +149,9 @@ def grpo_loss(
       mask: ``[B, N]`` 1 for valid generated tokens; masked slots may hold garbage.
       logp_ref: ``[B, N]`` reference-policy log-probs, or None (no KL term).
       loss_cfg: `LossConfig`.
+      totals: normalizers of the whole batch when this call sees one
+        micro-batch of it (the losses and metrics of the micro-batches then
+        sum to those of the whole batch); None: this batch's own.
 
     Returns:
       ``(loss scalar float32, metrics)`` with ``clip_frac``, ``kl``, ``ratio_mean``.
@@ -177,17 +176,18 @@ def grpo_loss(
         per_tok = per_tok + loss_cfg.beta_kl * kl
     per_tok = jnp.where(valid, per_tok, 0.0)
     vf = valid.astype(jnp.float32)
-    n_tok = jnp.maximum(jnp.sum(vf), 1.0)
+    n_tok = jnp.maximum(jnp.sum(vf), 1.0) if totals is None else totals.tokens
     if loss_cfg.aggregation == "token_mean":
         loss = jnp.sum(per_tok) / n_tok
     elif loss_cfg.aggregation == "seq_mean_token_mean":
         n_seq_tok = jnp.sum(vf, axis=-1)  # [B]
         seq_loss = jnp.sum(per_tok, axis=-1) / jnp.maximum(n_seq_tok, 1.0)
         has = n_seq_tok > 0
-        loss = jnp.sum(jnp.where(has, seq_loss, 0.0)) / jnp.maximum(jnp.sum(has), 1)
+        n_has = jnp.maximum(jnp.sum(has), 1) if totals is None else totals.sequences
+        loss = jnp.sum(jnp.where(has, seq_loss, 0.0)) / n_has
     else:
         norm = per_tok.shape[-1] if loss_cfg.normalizer is None else loss_cfg.normalizer
-        n_seq = max(1, per_tok.size // per_tok.shape[-1])
+        n_seq = max(1, per_tok.size // per_tok.shape[-1]) if totals is None else totals.rows
         loss = jnp.sum(per_tok) / (n_seq * norm)
     is_clipped = (ratio < 1.0 - e_lo) | (ratio > 1.0 + e_hi)
     metrics = {
@@ -221,19 +221,26 @@ class GRPOBatch(NamedTuple):
 
 
 class Scoring(NamedTuple):
-    """How the trainer scores completions: the sampler's distribution and the compute dtype.
+    """How the trainer scores completions: the sampler's distribution and how to run the model.
 
     Attributes:
       temperature: the sampler's temperature.
       top_k: the sampler's top-k (0 = off).
       top_p: the sampler's top-p (1 = off).
       compute_dtype: dtype the float params are cast to for the forward pass.
+      chunk: completion positions per head application (0: all at once);
+        see `ais_jax.logprobs.head_logprobs`.
+      remat: per-layer rematerialization policy (`ais_jax.logprobs.REMAT_POLICIES`).
+      constrain: sharding constraint for activations (batch axis), or None.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     compute_dtype: Any = jnp.bfloat16
+    chunk: int = 0
+    remat: str = "none"
+    constrain: Constrain | None = None
 
 
 DEFAULT_SCORING = Scoring()
@@ -269,9 +276,10 @@ def trainer_logprobs(
       cfg: model config.
       scoring: the sampler's distribution settings and the compute dtype.
     """
-    p = cast_params(params, scoring.compute_dtype)
-    return sequence_logprobs(p, prompt_tokens, prompt_mask, tokens, cfg, scoring.temperature,
-                             scoring.top_k, scoring.top_p)
+    s = scoring
+    return completion_logprobs(cast_params(params, s.compute_dtype), prompt_tokens, prompt_mask,
+                               tokens, cfg, s.temperature, s.top_k, s.top_p, chunk=s.chunk,
+                               remat=s.remat, constrain=s.constrain)
 
 
 def policy_loss(
@@ -280,6 +288,7 @@ def policy_loss(
     cfg: model_lib.ModelConfig,
     loss_cfg: LossConfig = DEFAULT_LOSS,
     scoring: Scoring = DEFAULT_SCORING,
+    totals: LossTotals | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO loss of ``params`` on ``batch`` (the differentiated argument first).
 
@@ -289,6 +298,7 @@ def policy_loss(
       cfg: model config.
       loss_cfg: `LossConfig`.
       scoring: how completions are scored (`Scoring`).
+      totals: normalizers of the whole batch when ``batch`` is one micro-batch.
 
     Returns:
       ``(loss, metrics)`` as `grpo_loss`.
@@ -296,78 +306,4 @@ def policy_loss(
     logp_new = trainer_logprobs(params, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
                                 cfg, scoring)
     return grpo_loss(logp_new, batch.logp_old, batch.advantages, batch.mask, batch.logp_ref,
-                     loss_cfg)
-
-
-class TrainState(NamedTuple):
-    """Everything that changes across updates (checkpointed).
-
-    Attributes:
-      params: master params (float32, or bfloat16 when asked for).
-      opt_state: optax state.
-      step: int32 scalar, optimizer updates done (applied + skipped).
-      skipped: int32 scalar, updates skipped for a non-finite loss / gradient.
-    """
-
-    params: Any
-    opt_state: Any
-    step: jax.Array
-    skipped: jax.Array
-
-
-def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
-    """Fresh `TrainState` for ``params``."""
-    # Two distinct buffers: the state is donated, and a buffer cannot be donated twice.
-    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32),
-                      jnp.zeros((), jnp.int32))
-
-
-def make_optimizer(
-    learning_rate: float | optax.Schedule,
-    *,
-    clip_norm: float | None = 1.0,
-    weight_decay: float = 0.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-) -> optax.GradientTransformation:
-    """AdamW with optional global-norm gradient clipping (``clip_norm=None`` disables it)."""
-    parts = []
-    if clip_norm is not None:
-        parts.append(optax.clip_by_global_norm(clip_norm))
-    parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
-    return optax.chain(*parts)
-
-
-def apply_update(
-    state: TrainState,
-    batch: Any,
-    loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]],
-    optimizer: optax.GradientTransformation,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One guarded optimizer step: ``loss_fn(params, batch) -> (loss, metrics)``.
-
-    If the loss or any gradient is not finite, params and optimizer state are
-    returned bit-identical and ``skipped`` is incremented.
-
-    Returns:
-      ``(new_state, metrics)``; metrics has ``loss``, ``grad_norm``, ``skipped``
-      (1.0 if this step was skipped) and whatever ``loss_fn`` returned.
-    """
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    # Non-finite gradients would poison the optimizer moments even if discarded
-    # afterwards; feed zeros through instead and select the old state below.
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt = optimizer.update(safe_grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    new_state = TrainState(
-        params=keep(new_params, state.params),
-        opt_state=keep(new_opt, state.opt_state),
-        step=state.step + 1,
-        skipped=state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32),
-    )
-    metrics = dict(aux)
-    metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32))
-    return new_state, metrics
+                     loss_cfg, totals)

@@ -301,3 +301,35 @@ def model_config_from_gguf(
     except (TypeError, KeyError, ValueError) as e:
         raise CheckpointError(f"{path} lacks or has invalid {arch}.* hyperparameters ({e}); "
                               "re-convert it with llama.cpp's convert_hf_to_gguf.py") from None
+
+
+def _qwen3_preset(hidden: int, ffn: int, layers: int, heads: int, tied: bool) -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+        "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "rope_scaling": None, "tie_word_embeddings": tied,
+        "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+        "max_window_layers": layers, "bos_token_id": 151643, "eos_token_id": 151645,
+        "torch_dtype": "bfloat16",
+    }
+
+
+# HF ``config.json`` dicts of public checkpoints, by the checkpoint's directory name: enough
+# for `model_config_from_hf` to describe the model without its files (``python -m
+# ais_jax.plan`` sizes a run with them).  The values are the published hyperparameters.
+HF_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen3-0.6B": _qwen3_preset(1024, 3072, 28, 16, tied=True),
+    "Qwen3-1.7B": _qwen3_preset(2048, 6144, 28, 16, tied=True),
+    "Qwen3-8B": _qwen3_preset(4096, 12288, 36, 32, tied=False),
+    "SmolLM2-135M": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0, "rope_scaling": None, "tie_word_embeddings": True,
+        "attention_bias": False, "mlp_bias": False, "bos_token_id": 0, "eos_token_id": 0,
+        "torch_dtype": "bfloat16",
+    },
+}

@@ -3,7 +3,7 @@
 `make_rl_step(run, ref_params)` returns ``rl_step(state, problems, key) ->
 (state, record)``::
 
-    prompts  = codec.encode_batch(problems, P)                     # [Pn, P] left-padded
+    prompts  = codec.encode_batch(problems, P)                     # [Pn, P] left-padded (P grows)
     batch    = fns.rollout(state.params, prompts, rollout_key)     # G samples per prompt
     texts    = codec.decode(batch.tokens, batch.mask)              # host
     rewards  = task verifier (once per completion)                 # host, [Pn, G]
@@ -24,9 +24,35 @@ import jax
 import numpy as np
 
 from ais_jax.build import Run
-from ais_jax.grpo import TrainState
+from ais_jax.errors import UsageError
+from ais_jax.optim import TrainState
 from ais_jax.placement import to_global, to_host
+from ais_jax.sampler import bucket_length
 from ais_jax.tasks import RewardConfig, score_batch
+
+
+def grow_prompt_bucket(run: Run, longest: int) -> int:
+    """Grow ``run.prompt_bucket`` to fit a prompt of ``longest`` tokens; return the bucket.
+
+    Buckets only grow, through a bounded set (`ais_jax.sampler.bucket_length`:
+    powers of two up to 512, then multiples of 16), and each new bucket
+    compiles the rollout and update programs once.  The bucket is saved with
+    every checkpoint, so a resumed run starts from it.
+
+    Raises:
+      UsageError: the prompt plus ``rollout.max_new_tokens`` exceeds the
+        model's positions.
+    """
+    if longest <= run.prompt_bucket:
+        return run.prompt_bucket
+    n_new, max_pos = run.cfg.rollout.max_new_tokens, run.model_cfg.max_position_embeddings
+    if longest + n_new > max_pos:
+        raise UsageError(f"a training prompt has {longest} tokens; with rollout.max_new_tokens="
+                         f"{n_new} that exceeds the model's {max_pos} positions; lower "
+                         "rollout.max_new_tokens or shorten the prompts")
+    run.prompt_bucket = min(bucket_length(longest), max_pos - n_new)
+    return run.prompt_bucket
+
 
 RLStep = Callable[[TrainState, Sequence[Any], jax.Array], tuple[TrainState, dict[str, float]]]
 
@@ -51,7 +77,9 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
           ``(new_state, record)``: ``record`` maps metric names to floats.
         """
         rkey, ukey = jax.random.split(key)
-        pt, pm = codec.encode_batch(problems, run.prompt_bucket)
+        seqs = [codec.encode_prompt(p) for p in problems]
+        grow_prompt_bucket(run, max(len(s) for s in seqs))
+        pt, pm = codec.pad(seqs, run.prompt_bucket)
         batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
         toks, msk = to_host(batch.tokens), to_host(batch.mask)
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]

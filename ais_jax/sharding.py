@@ -167,6 +167,19 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def batch_constraint(mesh: Mesh, axis: int = 0) -> Any:
+    """``x -> x`` pinned to rows sharded over ``("data", "fsdp")`` on dimension ``axis``.
+
+    Used on activations inside the update, so FSDP gathers each layer's weights
+    (ZeRO-3) instead of replicating the minibatch against width-sharded weights.
+    """
+    def constrain(x: jax.Array) -> jax.Array:
+        spec = [None] * x.ndim
+        spec[axis] = BATCH_AXES
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+    return constrain
+
+
 def batch_divisor(mesh: Mesh) -> int:
     """Number of shards of the batch axis (batch sizes must be multiples of it)."""
     return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))

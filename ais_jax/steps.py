@@ -20,12 +20,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from ais_jax import fp8, grpo, sampler
+from ais_jax import fp8, grpo, optim, sampler
 from ais_jax import sharding as shd
 from ais_jax.ais import ais_coefficient
 from ais_jax.config import Config, RolloutSection, TrainSection
-from ais_jax.grpo import TrainState, cast_params
-from ais_jax.model import ModelConfig, forward
+from ais_jax.grpo import cast_params
+from ais_jax.logprobs import head_map, hidden_states
+from ais_jax.model import ModelConfig
+from ais_jax.optim import TrainState
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -95,10 +97,20 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     )
 
 
-def scoring(cfg: Config) -> grpo.Scoring:
-    """How the trainer scores completions: the rollout's distribution, the model's compute dtype."""
+def remat_policy(cfg: Config) -> str:
+    """``train.remat`` resolved: ``auto`` is ``full`` for pretrained models, else ``none``."""
+    if cfg.train.remat != "auto":
+        return cfg.train.remat
+    return "none" if cfg.model.source == "scratch" else "full"
+
+
+def scoring(cfg: Config, mesh: Mesh | None = None) -> grpo.Scoring:
+    """How the trainer scores completions: the rollout's distribution, the model's compute
+    dtype, the head chunk, the remat policy and (with a mesh) batch-sharded activations."""
     r = cfg.rollout
-    return grpo.Scoring(r.temperature, r.top_k, r.top_p, DTYPES[cfg.model.compute_dtype])
+    return grpo.Scoring(r.temperature, r.top_k, r.top_p, DTYPES[cfg.model.compute_dtype],
+                        chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg),
+                        constrain=None if mesh is None else shd.batch_constraint(mesh))
 
 
 def loss_config(t: TrainSection) -> grpo.LossConfig:
@@ -107,27 +119,72 @@ def loss_config(t: TrainSection) -> grpo.LossConfig:
                            beta_kl=t.beta_kl, aggregation=t.loss_aggregation)
 
 
-def _trainer_logprobs(params: Any, batch: RolloutBatch, model_cfg: ModelConfig,
-                      cfg: Config) -> jax.Array:
-    return jax.lax.stop_gradient(grpo.trainer_logprobs(
-        params, batch.prompt_tokens, batch.prompt_mask, batch.tokens, model_cfg, scoring(cfg)))
+def gradient_rows(cfg: Config) -> int:
+    """Rows of one gradient evaluation: the micro-batch, else the minibatch."""
+    r, t = cfg.rollout, cfg.train
+    return t.micro_batch_size or r.prompts_per_step * r.group_size // t.minibatches
+
+
+def _trainer_logprobs(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, cfg: Config,
+                      mesh: Mesh | None) -> jax.Array:
+    """Detached trainer log-probs ``[B, N]`` of the whole batch, scored ``gradient_rows`` rows at
+    a time (so the no-grad pass never holds more activations than one gradient does)."""
+    B = batch.tokens.shape[0]
+    parts = max(1, B // gradient_rows(cfg))
+    shards = 1 if mesh is None else shd.batch_divisor(mesh)
+    sc = scoring(cfg, mesh)
+    xs = (batch.prompt_tokens, batch.prompt_mask, batch.tokens)
+
+    def score(x: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+        return grpo.trainer_logprobs(params, *x, model_cfg, sc)
+
+    if parts == 1:
+        return jax.lax.stop_gradient(score(xs))
+    parted = optim.split_rows(xs, parts, shards)
+    if mesh is not None:
+        parted = jax.tree.map(shd.batch_constraint(mesh, 1), parted)
+    return jax.lax.stop_gradient(optim.merge_rows(jax.lax.map(score, parted), shards))
+
+
+def _minibatches(gb: grpo.GRPOBatch, key: jax.Array, M: int, shards: int,
+                 mesh: Mesh | None) -> grpo.GRPOBatch:
+    """``[M, B / M, ...]`` minibatches, rows shuffled inside each of ``shards`` row shards.
+
+    Every minibatch takes an equal share of every shard, so rows sharded over
+    the batch axes stay on their devices (a global ``x[perm]`` would gather
+    them).  With one shard this is ``x[perm].reshape(M, B / M, ...)``.
+    """
+    B = gb.tokens.shape[0]
+    perm = jax.random.permutation(key, B // shards) if M > 1 else jnp.arange(B // shards)
+
+    def shuffle(x: jax.Array) -> jax.Array:
+        return x.reshape(shards, B // shards, *x.shape[1:])[:, perm].reshape(x.shape)
+
+    mbs = optim.split_rows(jax.tree.map(shuffle, gb), M, shards)
+    return mbs if mesh is None else jax.tree.map(shd.batch_constraint(mesh, 1), mbs)
 
 
 def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
                        optimizer: optax.GradientTransformation, model_cfg: ModelConfig,
-                       cfg: Config) -> tuple[TrainState, dict[str, jax.Array]]:
-    """``epochs x minibatches`` guarded updates over ``gb`` (rows reshuffled each epoch)."""
+                       cfg: Config, mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """``epochs x minibatches`` guarded updates over ``gb`` (rows reshuffled each epoch),
+    each accumulated over ``train.micro_batch_size``-row micro-batches when set."""
     B = gb.tokens.shape[0]
-    M = cfg.train.minibatches
-    loss_cfg, sc = loss_config(cfg.train), scoring(cfg)
+    t = cfg.train
+    M = t.minibatches
+    shards = 1 if mesh is None else shd.batch_divisor(mesh)
+    micro = (B // M) // t.micro_batch_size if t.micro_batch_size else 1
+    loss_cfg, sc = loss_config(t), scoring(cfg, mesh)
 
-    def loss_fn(params: Any, mb: grpo.GRPOBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
-        return grpo.policy_loss(params, mb, model_cfg, loss_cfg, sc)
+    def loss_fn(params: Any, mb: grpo.GRPOBatch,
+                totals: grpo.LossTotals | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return grpo.policy_loss(params, mb, model_cfg, loss_cfg, sc, totals)
+
+    def one(st: TrainState, mb: grpo.GRPOBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+        return optim.apply_update(st, mb, loss_fn, optimizer, micro_batches=micro, shards=shards)
 
     def epoch(st: TrainState, ekey: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        perm = jax.random.permutation(ekey, B) if M > 1 else jnp.arange(B)
-        mbs = jax.tree.map(lambda x: x[perm].reshape(M, B // M, *x.shape[1:]), gb)
-        return jax.lax.scan(lambda s, mb: grpo.apply_update(s, mb, loss_fn, optimizer), st, mbs)
+        return jax.lax.scan(one, st, _minibatches(gb, ekey, M, shards, mesh))
 
     state, mets = jax.lax.scan(epoch, state, jax.random.split(key, cfg.train.epochs))
     return state, jax.tree.map(jnp.mean, mets)
@@ -142,6 +199,7 @@ def update(
     optimizer: optax.GradientTransformation,
     model_cfg: ModelConfig,
     cfg: Config,
+    mesh: Mesh | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Advantages -> logp_old -> AIS -> ``epochs x minibatches`` guarded GRPO updates.
 
@@ -154,6 +212,8 @@ def update(
       optimizer: optax transformation.
       model_cfg: model config.
       cfg: the run config (rollout, ais and train sections are read).
+      mesh: the trainer's mesh: activations are then pinned to batch-sharded
+        rows and minibatches keep rows on their devices (None: no constraint).
 
     Returns:
       ``(new_state, metrics)`` (scalars).
@@ -161,7 +221,7 @@ def update(
     B, N = batch.tokens.shape
     adv_seq = grpo.group_advantages(rewards).reshape(B)  # [B]
     adv_tok = jnp.broadcast_to(adv_seq[:, None], (B, N))  # [B, N]
-    logp_old = _trainer_logprobs(state.params, batch, model_cfg, cfg)  # [B, N]
+    logp_old = _trainer_logprobs(state.params, batch, model_cfg, cfg, mesh)  # [B, N]
     # With top-k / top-p the trainer recomputes the truncated set from its own
     # logits; a sampled token outside it has logp_old = -inf (probability 0
     # under the trainer's sampling distribution).  Such tokens carry no usable
@@ -176,10 +236,10 @@ def update(
                           use_ess=a.use_ess, use_mis=a.use_mis, use_var=a.use_var)
     logp_ref = None
     if ref_params is not None and cfg.train.beta_kl > 0:
-        logp_ref = _trainer_logprobs(ref_params, batch, model_cfg, cfg)
+        logp_ref = _trainer_logprobs(ref_params, batch, model_cfg, cfg, mesh)
     gb = grpo.GRPOBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, batch.mask,
                         logp_old, res.advantages, logp_ref)
-    state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg)
+    state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg, mesh)
     valid = batch.mask > 0
     metrics = {
         "loss": mets["loss"],
@@ -200,8 +260,12 @@ def update(
 
 
 def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelConfig,
-             compute_dtype: Any = jnp.bfloat16) -> tuple[jax.Array, dict[str, jax.Array]]:
+             compute_dtype: Any = jnp.bfloat16, *, chunk: int = 0, remat: str = "none",
+             constrain: Any = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Teacher-forced cross-entropy on ``loss_mask`` positions.
+
+    The head runs ``chunk`` positions at a time (`ais_jax.logprobs.head_map`), so
+    ``[B, T, V]`` logits are never materialized.
 
     Args:
       params: master params.
@@ -209,19 +273,26 @@ def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelCon
       loss_mask: ``[B, T]`` 1 where ``tokens[:, t]`` is a target (answer / EOS).
       cfg: model config.
       compute_dtype: forward dtype.
+      chunk: head chunk length (0: all positions at once).
+      remat: per-layer rematerialization policy.
+      constrain: batch-sharding constraint for activations, or None.
 
     Returns:
       ``(mean token NLL, {"accuracy": token accuracy})``.
     """
     p = cast_params(params, compute_dtype)
-    logits = forward(p, tokens[:, :-1], cfg)  # [B, T-1, V]
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    h = hidden_states(p, tokens[:, :-1], cfg, remat=remat, constrain=constrain)  # [B, T-1, D]
     tgt = tokens[:, 1:]
+
+    def nll_hit(logits: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+        lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+        nll = -jnp.take_along_axis(lp, t[..., None], -1)[..., 0]
+        return nll, (jnp.argmax(lp, -1) == t)
+
+    nll, hit = head_map(p, h, tgt, cfg, nll_hit, chunk=chunk, constrain=constrain)  # [B, T-1]
     m = loss_mask[:, 1:].astype(jnp.float32)
-    nll = -jnp.take_along_axis(lp, tgt[..., None], -1)[..., 0]
     n = jnp.maximum(jnp.sum(m), 1.0)
-    acc = jnp.sum((jnp.argmax(lp, -1) == tgt) * m) / n
-    return jnp.sum(nll * m) / n, {"accuracy": acc}
+    return jnp.sum(nll * m) / n, {"accuracy": jnp.sum(hit * m) / n}
 
 
 class StepFns(NamedTuple):
@@ -263,7 +334,7 @@ def build_step_fns(
                           out_shardings=rollout_sh)
 
     def update_fn(state, batch, rewards, key, ref_params):
-        return update(state, batch, rewards, key, ref_params, optimizer, model_cfg, cfg)
+        return update(state, batch, rewards, key, ref_params, optimizer, model_cfg, cfg, mesh)
 
     ref_sh = st_sh.params if cfg.train.beta_kl > 0 else None
     update_jit = jax.jit(update_fn, in_shardings=(st_sh, rollout_sh, b2, rep, ref_sh),
@@ -272,7 +343,8 @@ def build_step_fns(
     if sft_optimizer is not None:
         def sft_fn(params, opt_state, tokens, loss_mask):
             (loss, aux), g = jax.value_and_grad(sft_loss, has_aux=True)(
-                params, tokens, loss_mask, model_cfg, DTYPES[cfg.model.compute_dtype])
+                params, tokens, loss_mask, model_cfg, DTYPES[cfg.model.compute_dtype],
+                chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg))
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
         sft_jit = jax.jit(sft_fn, donate_argnums=(0, 1))

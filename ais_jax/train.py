@@ -54,7 +54,7 @@ def run(cfg: Any) -> RunResult:
     out_dir, is_main = cfg.out_dir, jax.process_index() == 0
     os.makedirs(out_dir, exist_ok=True)
     r = build_run(cfg)
-    state, P = r.state, r.prompt_bucket
+    state = r.state
     evaluate, eval_fn = make_evaluator(r)
     use_ref = cfg.train.beta_kl > 0
     # The KL reference (the policy at GRPO step 0) travels with every checkpoint.
@@ -67,14 +67,14 @@ def run(cfg: Any) -> RunResult:
         state, ref_params = restored if use_ref else (restored, None)
         meta = ckpt.read_metadata(manager, start)
         eval_before = meta.get("eval_before")
-        r.prompt_bucket = P = int(meta.get("prompt_bucket", P))
+        r.prompt_bucket = int(meta.get("prompt_bucket", r.prompt_bucket))
         history = _read_history(metrics_path, start)
         print(f"resumed from step {start} in {out_dir}", flush=True)
     else:
         state, eval_before = _before_grpo(r, state, evaluate, is_main)
         ref_params = jax.tree.map(jnp.copy, state.params) if use_ref else None
         ckpt.save(manager, 0, payload(state, ref_params),
-                  {"eval_before": eval_before, "prompt_bucket": P})
+                  {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
     if is_main:
         with open(metrics_path, "w") as f:
             f.writelines(json.dumps(rec) + "\n" for rec in history)
@@ -101,11 +101,11 @@ def run(cfg: Any) -> RunResult:
             _log(record, metrics_path, writer, loop)
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
             ckpt.save(manager, step + 1, payload(state, ref_params),
-                      {"eval_before": eval_before, "prompt_bucket": P})
+                      {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
     eval_after = evaluate(state.params)
     if cfg.checkpoint.every and steps % cfg.checkpoint.every:
         ckpt.save(manager, steps, payload(state, ref_params),
-                  {"eval_before": eval_before, "prompt_bucket": P})
+                  {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
     ckpt.close(manager)
     if writer is not None:
         writer.close()

@@ -13,7 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from ais_jax import grpo, steps
+from ais_jax import optim, steps
 from ais_jax import sharding as shd
 from ais_jax.config import load_config
 from ais_jax.model import ModelConfig, init_params
@@ -25,8 +25,8 @@ def loops_of(act_scaling: str) -> list[dict[str, int]]:
     cfg = load_config(None, ["rollout.group_size=2", "rollout.max_new_tokens=4",
                              f"rollout.act_scaling={act_scaling}"])
     params = init_params(jax.random.key(0), mc)
-    opt = grpo.make_optimizer(1e-3)
-    state = grpo.init_train_state(params, opt)
+    opt = optim.make_optimizer(1e-3)
+    state = optim.init_train_state(params, opt)
     fns = steps.build_step_fns(state, shd.make_mesh(1, 2, 1), opt, None, mc, cfg,
                                steps.TokenIds((), None))
     state = jax.device_put(state, fns.state_shardings)

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from ais_jax import grpo
+from ais_jax import grpo, optim
 from ais_jax.distributions import token_logprobs
 from ais_jax.model import ModelConfig, forward, init_params
 
@@ -139,16 +139,16 @@ def _update_setup(adv_value):
     mask = jnp.ones(toks.shape, jnp.float32)
     batch = grpo.GRPOBatch(prompt, pmask, toks, mask, logp_old,
                            jnp.full(toks.shape, adv_value, jnp.float32))
-    opt = grpo.make_optimizer(1e-2, clip_norm=1.0)
+    opt = optim.make_optimizer(1e-2, clip_norm=1.0)
     f32 = grpo.Scoring(compute_dtype=jnp.float32)
     loss_fn = lambda p, b: grpo.policy_loss(p, b, CFG, scoring=f32)  # noqa: E731
-    step = jax.jit(lambda s, b: grpo.apply_update(s, b, loss_fn, opt))
+    step = jax.jit(lambda s, b: optim.apply_update(s, b, loss_fn, opt))
     return params, batch, opt, step, logp_old
 
 
 def test_update_raises_logp_of_positive_advantage_tokens():
     params, batch, opt, step, logp_old = _update_setup(1.0)
-    state = grpo.init_train_state(params, opt)
+    state = optim.init_train_state(params, opt)
     for _ in range(3):
         state, metrics = step(state, batch)
     new = grpo.sequence_logprobs(state.params, batch.prompt_tokens, batch.prompt_mask,
@@ -161,7 +161,7 @@ def test_update_raises_logp_of_positive_advantage_tokens():
 @pytest.mark.parametrize("poison", ["advantage_nan", "logp_old_inf"])
 def test_nonfinite_step_is_skipped_bit_identically(poison):
     params, batch, opt, step, _ = _update_setup(1.0)
-    state = grpo.init_train_state(params, opt)
+    state = optim.init_train_state(params, opt)
     state, _ = step(state, batch)  # one real step so the optimizer moments are nonzero
     if poison == "advantage_nan":
         bad = batch._replace(advantages=batch.advantages.at[0, 0].set(jnp.nan))
@@ -179,7 +179,7 @@ def test_nonfinite_step_is_skipped_bit_identically(poison):
 
 
 def test_optimizer_without_clipping_is_plain_adamw():
-    opt = grpo.make_optimizer(0.1, clip_norm=None)
+    opt = optim.make_optimizer(0.1, clip_norm=None)
     p = {"w": jnp.ones(3)}
     u, _ = opt.update({"w": jnp.full(3, 100.0)}, opt.init(p), p)
     ref, _ = optax.adamw(0.1, weight_decay=0.0).update({"w": jnp.full(3, 100.0)},

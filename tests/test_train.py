@@ -21,7 +21,7 @@ import numpy as np
 import optax
 import pytest
 
-from ais_jax import grpo, steps, train
+from ais_jax import optim, steps, train
 from ais_jax.codec import PromptCodec
 from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
 from ais_jax.errors import UsageError
@@ -253,8 +253,8 @@ def test_nonfinite_update_is_skipped_and_counted():
                      num_heads=2, num_kv_heads=1, head_dim=8)
     cfg = load_config(None, [*TINY, "rollout.group_size=2", "rollout.max_new_tokens=3"])
     params = init_params(jax.random.key(0), mc)
-    opt = grpo.make_optimizer(1e-2)
-    state = grpo.init_train_state(params, opt)
+    opt = optim.make_optimizer(1e-2)
+    state = optim.init_train_state(params, opt)
     fns = steps.build_step_fns(state, make_mesh(), opt, None, mc, cfg, steps.TokenIds((), None))
     pt = jnp.ones((2, 3), jnp.int32)
     batch = fns.rollout(params, pt, jnp.ones((2, 3), bool), jax.random.key(1))
@@ -275,7 +275,7 @@ def test_sft_warm_start_lowers_the_loss():
     params = init_params(jax.random.key(0), mc)
     toks = jnp.array([[1, 3, 4, 5, 6, 2], [1, 7, 8, 9, 10, 2]])
     lmask = jnp.array([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
-    opt = grpo.make_optimizer(1e-2)
+    opt = optim.make_optimizer(1e-2)
     st = opt.init(params)
 
     @jax.jit
