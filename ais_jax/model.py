@@ -1,8 +1,9 @@
 """Llama / Qwen2 / Qwen3 decoder as pure functions of a params pytree.
 
 One layer function serves the full-sequence forward (log-probs, training) and
-the KV-cached prefill / decode steps (sampling), for full-precision params and
-for the FP8 rollout copy from `ais_jax.fp8.to_rollout_params` alike.
+the KV-cached prefill / decode steps of `ais_jax.decode` (sampling), for
+full-precision params and for the FP8 rollout copy from
+`ais_jax.fp8.to_rollout_params` alike.
 
 Params layout: layers stacked on a leading ``L`` axis, weights ``[out, in]``
 as in Hugging Face checkpoints; the parameter table `ais_jax.layout` declares
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ais_jax import layout
-from ais_jax.fp8 import E4M3, QuantArray, dequantize, linear, qdot, quantize
+from ais_jax.fp8 import QuantArray, linear, qdot
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -73,29 +74,6 @@ class ModelConfig:
         table = layout.param_table(self)
         rows = [*table.pop("layers").values(), *table.values()]
         return sum(math.prod(info.shape(self)) for info in rows)
-
-
-class KVCache(NamedTuple):
-    """Per-layer keys and values for cached decoding (see `init_cache`, `extend`).
-
-    One buffer per layer (a tuple, not a stacked array), so that a decode step
-    inside a `lax.while_loop` updates each layer's buffer in place.
-
-    Attributes:
-      k: ``L``-tuple of ``[B, S, K, H]`` keys (rotary already applied), or of
-        `QuantArray`s (float8 ``value`` ``[B, S, K, H]``, float32 ``scale``
-        ``[B, S, 1, 1]``: one scale per (layer, row, token)) for an FP8 cache.
-      v: ``L``-tuple of ``[B, S, K, H]`` values (same form as ``k``).
-      valid: ``[B, S]`` bool, True where a slot holds a real (non-padding) token.
-      pos: ``[B]`` int32, rotary position of the next token of each row.
-      index: int32 scalar, the next cache slot to write (same for all rows).
-    """
-
-    k: tuple[Any, ...]
-    v: tuple[Any, ...]
-    valid: jax.Array
-    pos: jax.Array
-    index: jax.Array
 
 
 def init_params(key: jax.Array, cfg: ModelConfig, dtype: Any = jnp.float32) -> dict:
@@ -181,12 +159,17 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     return o.reshape(B, T, Qn * H).astype(q.dtype)
 
 
-def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None):
+def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None, *,
+           kv_update=None):
     """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
 
-    Without a cache ``k`` / ``v`` are this block's ``[B, T, K, H]``; with
-    ``cache_kv`` (one layer's entries of a `KVCache`) they are the updated cache
-    entries (see `_cache_update`).
+    Without a cache ``k`` / ``v`` are this block's ``[B, T, K, H]``.  With
+    ``kv_update``, a function ``(k, v) -> ((k', v'), (keys, values))`` that
+    writes this block's ``k`` / ``v`` into a cache (`ais_jax.decode`), the block
+    attends to the returned ``[B, S, K, H]`` keys / values and returns
+    ``(k', v')``, the updated cache entries.  ``cache_kv`` (one layer's key
+    and value buffers in the layout of `ais_jax.decode.KVCache`) with
+    ``index`` is that update at slot ``index``.
     """
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -199,8 +182,13 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q = apply_rope(q, pos, inv_freq)
     k = apply_rope(k, pos, inv_freq)
-    if cache_kv is not None:  # write into the cache, attend over all of it
-        (k, v), (kx, vx) = _cache_update(cache_kv, k, v, index, q.dtype)
+    if kv_update is None and cache_kv is not None:
+        from ais_jax.decode import _cache_update  # here: decode imports model
+
+        def kv_update(k, v):
+            return _cache_update(cache_kv, k, v, index, q.dtype)
+    if kv_update is not None:  # write into the cache, attend over all of it
+        (k, v), (kx, vx) = kv_update(k, v)
     else:
         kx, vx = k, v
     o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
@@ -273,179 +261,3 @@ def forward(
 
     x, _ = jax.lax.scan(body, x, params["layers"])
     return _logits(params, x, cfg)
-
-
-def init_cache(
-    cfg: ModelConfig,
-    batch: int,
-    length: int,
-    dtype: Any = jnp.bfloat16,
-    *,
-    fp8: bool = False,
-) -> KVCache:
-    """An empty cache of ``length`` slots for ``batch`` rows.
-
-    Args:
-      cfg: model config.
-      batch: rows ``B``.
-      length: slots ``S`` (prompt plus generated tokens).
-      dtype: element type of a full-precision cache (ignored when ``fp8``).
-      fp8: store keys / values as float8 E4M3 with one float32 scale per
-        (layer, row, token), dequantized when attended to. Not part of the
-        paper's recipe (it keeps the KV cache in BF16); off by default.
-    """
-    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)  # [B, S, K, H]
-
-    def empty() -> Any:
-        if fp8:
-            return QuantArray(value=jnp.zeros(shape, E4M3),
-                              scale=jnp.ones((batch, length, 1, 1), jnp.float32))
-        return jnp.zeros(shape, dtype)
-
-    L = cfg.num_layers
-    return KVCache(
-        k=tuple(empty() for _ in range(L)),
-        v=tuple(empty() for _ in range(L)),
-        valid=jnp.zeros((batch, length), jnp.bool_),
-        pos=jnp.zeros((batch,), jnp.int32),
-        index=jnp.zeros((), jnp.int32),
-    )
-
-
-def _cache_write(c: Any, new: jax.Array, index: jax.Array) -> Any:
-    """Write ``new`` ``[B, T, K, H]`` into one cache buffer ``[B, S, K, H]`` at slot ``index``."""
-    if isinstance(c, QuantArray):  # one scale per (row, token)
-        q = quantize(new, dtype=c.value.dtype, axes=(2, 3))  # scale [B, T, 1, 1]
-        return QuantArray(
-            value=jax.lax.dynamic_update_slice(c.value, q.value, (0, index, 0, 0)),
-            scale=jax.lax.dynamic_update_slice(c.scale, q.scale, (0, index, 0, 0)),
-        )
-    return jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (0, index, 0, 0))
-
-
-def _cache_read(c: Any, dtype: Any) -> jax.Array:
-    """One cache buffer ``[B, S, K, H]`` in ``dtype`` (dequantized for an FP8 cache)."""
-    return dequantize(c, dtype) if isinstance(c, QuantArray) else c.astype(dtype)
-
-
-def _cache_update(cache_kv, k, v, index, dtype):
-    """Write this step's ``k`` / ``v`` ``[B, T, K, H]``; return (new buffers, read views)."""
-    ck, cv = cache_kv
-    ck, cv = _cache_write(ck, k, index), _cache_write(cv, v, index)
-    return (ck, cv), (_cache_read(ck, dtype), _cache_read(cv, dtype))
-
-
-def prefill(
-    params: dict,
-    tokens: jax.Array,
-    mask: jax.Array,
-    cfg: ModelConfig,
-    length: int,
-    *,
-    dtype: Any = None,
-    fp8: bool = False,
-) -> tuple[jax.Array, KVCache]:
-    """Full causal pass over left-padded prompts that keeps their keys / values.
-
-    The same computation as `forward` (a `lax.scan` over the stacked layers,
-    so it compiles one layer, not ``L``), returning a cache of ``length >= T``
-    slots with the prompt in slots ``0 .. T-1``; equal to `extend` on an empty
-    cache (for an FP8 cache the prompt attends to its unquantized keys).
-
-    Args:
-      params: stacked full-precision or FP8 rollout params.
-      tokens: ``[B, T]`` prompt ids.
-      mask: ``[B, T]`` validity (left padding 0).
-      cfg: model config.
-      length: cache slots ``S``.
-      dtype: cache element type (default: the embedding's dtype).
-      fp8: FP8 cache (see `init_cache`).
-
-    Returns:
-      ``(logits [B, T, V] float32, cache)``.
-    """
-    B, T = tokens.shape
-    mask = mask.astype(jnp.bool_)
-    pos = positions_from_mask(mask)
-    attn_mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & mask[:, None, :]  # [B, T, T]
-    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]
-    inv_freq = rope_inv_freq(cfg)
-    x = _embed(params, tokens)
-
-    def body(x, lp):
-        x, kv = _layer(x, lp, pos, attn_mask, inv_freq, cfg)
-        return x, kv
-
-    x, (ks, vs) = jax.lax.scan(body, x, params["layers"])  # ks, vs [L, B, T, K, H]
-    dtype = params["embed"].dtype if dtype is None else dtype
-    cache = init_cache(cfg, B, length, dtype, fp8=fp8)
-    zero = jnp.zeros((), jnp.int32)
-    k = tuple(_cache_write(c, ks[l], zero) for l, c in enumerate(cache.k))
-    v = tuple(_cache_write(c, vs[l], zero) for l, c in enumerate(cache.v))
-    valid = jnp.zeros((B, length), jnp.bool_).at[:, :T].set(mask)
-    cache = KVCache(k=k, v=v, valid=valid, pos=jnp.sum(mask, -1, dtype=jnp.int32),
-                    index=jnp.full((), T, jnp.int32))
-    return _logits(params, x, cfg), cache
-
-
-def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
-    """``params`` with ``layers`` as an ``L``-tuple of per-layer dicts (what `extend` unrolls).
-
-    Slicing the stacked weights once, outside a decode loop, keeps the per-layer
-    copies out of every step. Accepts already-unstacked params unchanged.
-    """
-    layers = params["layers"]
-    if isinstance(layers, tuple | list):
-        return params
-    per_layer = tuple(
-        jax.tree_util.tree_map(lambda w, l=l: w[l], layers) for l in range(cfg.num_layers)
-    )
-    return {**params, "layers": per_layer}
-
-
-def extend(
-    params: dict,
-    tokens: jax.Array,
-    mask: jax.Array,
-    cache: KVCache,
-    cfg: ModelConfig,
-) -> tuple[jax.Array, KVCache]:
-    """Run ``T`` new tokens through the model, writing them into the cache.
-
-    Prefill is ``extend`` with the (left-padded) prompt on an empty cache; a
-    decode step is ``extend`` with ``T = 1``. The layers are unrolled (one
-    buffer per layer, updated in place inside a loop), with the same `_layer`
-    as `forward`.
-
-    Args:
-      params: full-precision or FP8 rollout params, stacked (as from
-        `init_params`) or unstacked (`unstack_layers`; cheaper inside a loop).
-      tokens: ``[B, T]`` new token ids.
-      mask: ``[B, T]`` validity of the new tokens (padding is never attended to).
-      cache: current cache; ``cache.index + T`` must not exceed its length.
-      cfg: model config.
-
-    Returns:
-      ``(logits [B, T, V] float32, updated cache)``.
-    """
-    T = tokens.shape[1]
-    S = cache.valid.shape[1]
-    mask = mask.astype(jnp.bool_)
-    pos = cache.pos[:, None] + positions_from_mask(mask)  # [B, T]
-    valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))  # [B, S]
-    slot = jnp.arange(S)
-    qslot = cache.index + jnp.arange(T)
-    attn_mask = (slot[None, :] <= qslot[:, None])[None] & valid[:, None, :]  # [B, T, S]
-    attn_mask = attn_mask | (slot[None, :] == qslot[:, None])[None]
-    inv_freq = rope_inv_freq(cfg)
-    params = unstack_layers(params, cfg)
-    x = _embed(params, tokens)
-    ks, vs = [], []
-    for lp, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
-        x, (k, v) = _layer(x, lp, pos, attn_mask, inv_freq, cfg, (ck, cv), cache.index)
-        ks.append(k)
-        vs.append(v)
-    logits = _logits(params, x, cfg)
-    new_pos = cache.pos + jnp.sum(mask.astype(jnp.int32), -1)
-    cache = KVCache(k=tuple(ks), v=tuple(vs), valid=valid, pos=new_pos, index=cache.index + T)
-    return logits, cache

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import fp8, model
+from ais_jax import decode, fp8, model
 from ais_jax.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
 from ais_jax.sampler import sample as rollout_sample
 
@@ -82,10 +82,10 @@ def mismatch(logp_train: np.ndarray, logp_rollout: np.ndarray, C: float = 5.0) -
 
 
 def sample_f32(params, cfg, tokens, mask, key, new_tokens):
-    """Ancestral T = 1 sampling with `model.extend`; returns (tokens [B, N], valid [B, N])."""
+    """Ancestral T = 1 sampling with `decode.extend`; returns (tokens [B, N], valid [B, N])."""
     B, P = tokens.shape
-    step = jax.jit(model.extend, static_argnums=4)
-    cache = model.init_cache(cfg, B, P + new_tokens, jnp.float32)
+    step = jax.jit(decode.extend, static_argnums=4)
+    cache = decode.init_cache(cfg, B, P + new_tokens, jnp.float32)
     logits, cache = step(params, tokens, mask, cache, cfg)
     out, valid = [], []
     done = jnp.zeros((B,), jnp.bool_)

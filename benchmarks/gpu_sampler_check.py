@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax
 import jax.numpy as jnp
 
-from ais_jax import fp8, sampler
+from ais_jax import decode, fp8, sampler
 from ais_jax.model import ModelConfig, init_params
 
 F8_TYPES = ("f8e4m3fn", "f8e5m2", "f8e4m3", "f8e5m2fnuz", "f8e4m3fnuz")
@@ -131,9 +131,10 @@ def decode_check(a: argparse.Namespace, cfg: ModelConfig, out_dir: str | None) -
     B, P, N = a.batch, a.prompt, a.new
     prompt = jax.random.randint(jax.random.key(1), (B, P), 0, cfg.vocab_size, jnp.int32)
     pmask = jnp.ones((B, P), jnp.bool_)
+    scan = decode.scan_layers_default(cfg)
     static = dict(cfg=cfg, max_new_tokens=N, temperature=1.0, top_k=0, top_p=1.0, eos_ids=(),
                   pad_id=0, num_samples=1, kv_fp8=False, segments=a.segments,
-                  transpose=jax.default_backend() == "cpu")
+                  transpose=jax.default_backend() == "cpu" and not scan, scan_layers=scan)
     res: dict = {"setup_s": setup_s, "param_bytes": {
         "bf16": fp8.tree_nbytes(params), "fp8": fp8.tree_nbytes(rollout)}}
     for name, p in (("bf16", params), ("fp8", rollout)):

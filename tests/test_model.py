@@ -1,4 +1,4 @@
-"""Tests for ais_jax.model: params layout, numerics, masking, and the cached decode path."""
+"""Tests for ais_jax.model: params layout, numerics, masking (cached decode: test_decode.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ TINY = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, nu
 FULL = dataclasses.replace(TINY, head_dim=12, num_kv_heads=1, qkv_bias=True, o_bias=True,
                            mlp_bias=True, qk_norm=True, rope_scaling=(8.0, 1.0, 4.0, 32))
 forward = jax.jit(model.forward, static_argnums=2)
-extend = jax.jit(model.extend, static_argnums=4)
 
 
 def _random_params(cfg: model.ModelConfig, seed: int = 0) -> dict:
@@ -207,31 +206,6 @@ def test_forward_is_causal_and_padding_invariant():
     mask = jnp.arange(11)[None] >= 3
     out = forward(params, padded, FULL, mask)
     np.testing.assert_allclose(out[:, 3:], full, atol=1e-5)
-
-
-# ----------------------------------------------------------------------------- cached decode
-
-
-def test_extend_matches_forward_at_every_position():
-    cfg, chunks = FULL, (3, 3, 1, 1, 1)  # a chunked prefill, then decode steps
-    params = _random_params(cfg)
-    T = sum(chunks)
-    tokens, mask = _left_padded(cfg, 3, T, [0, 2, 3], seed=1)
-    ref = forward(params, tokens, cfg, mask)  # [B, T, V]
-    cache = model.init_cache(cfg, 3, T + 2, jnp.float32)  # spare slots stay unused
-    outs, start = [], 0
-    for n in chunks:  # padding inside the first chunk (the prompt) only
-        logits, cache = extend(params, tokens[:, start:start + n], mask[:, start:start + n], cache,
-                             cfg)
-        outs.append(logits)
-        start += n
-    got = jnp.concatenate(outs, 1)
-    valid = np.asarray(mask)
-    diff = np.abs(np.asarray(got) - np.asarray(ref))[valid]
-    assert diff.max() <= 1e-5, diff.max()
-    assert int(cache.index) == T
-    np.testing.assert_array_equal(cache.pos, valid.sum(-1))
-    np.testing.assert_array_equal(cache.valid[:, :T], valid)
 
 
 def test_fp8_rollout_params_halve_weight_bytes_and_stay_close():

@@ -15,7 +15,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from ais_jax import fp8, model
+from ais_jax import decode, fp8, model
 from ais_jax.pretrained import (
     CheckpointError,
     hf_config_from_model_config,
@@ -440,11 +440,11 @@ def test_smollm2_gguf_matches_transformers(smollm2):
         params, jnp.asarray(tokens), cfg, jnp.asarray(mask)))
     _assert_parity(ours, _hf_logits(hf, tokens, mask), mask, 1e-3)
 
-    # 32-token greedy continuation: model.extend prefill + T=1 steps vs HF generate.
+    # 32-token greedy continuation: decode.extend prefill + T=1 steps vs HF generate.
     B, P = tokens.shape
     N = 32
-    step = jax.jit(model.extend, static_argnums=4)
-    cache = model.init_cache(cfg, B, P + N, jnp.float32)
+    step = jax.jit(decode.extend, static_argnums=4)
+    cache = decode.init_cache(cfg, B, P + N, jnp.float32)
     logits, cache = step(params, jnp.asarray(tokens), jnp.asarray(mask), cache, cfg)
     out = []
     for _ in range(N):

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from ais_jax import decode as decode_lib
 from ais_jax import distributions, fp8, sampler
 from ais_jax import model as model_lib
 from ais_jax.distributions import sample_logits, token_logprobs, truncate_logits
 from ais_jax.model import ModelConfig
-from ais_jax.sampler import bucket_length, pad_prompts, sample
+from ais_jax.sampler import bucket_length, default_segments, pad_prompts, sample
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64)
@@ -222,13 +223,13 @@ def test_loop_exits_early_once_every_row_is_done(monkeypatch):
     eos = tuple(sorted({int(t) for t in greedy[:, 3]}))  # every row is done by column 3
     last = max(int(np.argmax(np.isin(row, eos))) for row in greedy)  # column the last row ends
     steps = []
-    real_extend = model_lib.extend
+    real_extend = decode_lib.extend
 
-    def counting_extend(params, tokens, mask, cache, cfg):  # one call per decode step
+    def counting_extend(params, tokens, mask, cache, cfg, **kw):  # one call per decode step
         jax.debug.callback(lambda t: steps.append(t.shape[1]), tokens)
-        return real_extend(params, tokens, mask, cache, cfg)
+        return real_extend(params, tokens, mask, cache, cfg, **kw)
 
-    monkeypatch.setattr(model_lib, "extend", counting_extend)
+    monkeypatch.setattr(decode_lib, "extend", counting_extend)
     out = sample(PARAMS, TOKENS, MASK, jax.random.key(0), CFG, max_new_tokens=13,
                  temperature=0.0, eos_id=eos, decode_segments=1)
     jax.block_until_ready(out)
@@ -258,7 +259,7 @@ def test_group_sampling_shares_the_prefill_and_equals_repeated_prompts():
     jaxpr = str(jax.make_jaxpr(lambda p: sampler._sample_impl(
         p, jnp.asarray(TOKENS), jnp.asarray(MASK, bool), key, cfg=CFG, max_new_tokens=12,
         temperature=0.7, top_k=0, top_p=1.0, eos_ids=(), pad_id=0, num_samples=G,
-        kv_fp8=False, segments=1, transpose=False))(PARAMS))
+        kv_fp8=False, segments=1, transpose=False, scan_layers=False))(PARAMS))
     B0, P, D = len(PROMPTS), TOKENS.shape[1], CFG.hidden_size
     assert f"f32[{B0},{P},{D}]" in jaxpr and f"f32[{B0 * G},{P},{D}]" not in jaxpr
     different_key = sample(PARAMS, TOKENS, MASK, jax.random.key(12), CFG, **BASE)
@@ -300,6 +301,42 @@ def test_bf16_params():
                  decode_segments=1)
     ref, _ = _rescore(p16, TOKENS, MASK, out, 1, 1.0)
     assert float(jnp.mean(jnp.abs(out.logp - ref))) < 0.05  # bf16 cache vs bf16 re-forward
+
+
+def test_default_segment_plan_bounds_count_and_slack():
+    assert [default_segments(n) for n in (1, 2, 64, 65, 66, 200, 1024, 8192)] == [
+        1, 1, 1, 1, 2, 4, 16, 16]
+    for n in (66, 1024, 8192):  # equal segments of >= 64 steps covering steps 1 .. n-1
+        ends = sampler._segment_ends(n, default_segments(n))
+        lengths = np.diff([1, *ends])
+        assert ends[-1] == n and lengths.min() >= 64 // 2 and lengths.max() - lengths.min() <= 1
+    # 1024 new tokens: the attended cache exceeds the filled prefix by < 1/16 on average.
+    ends = sampler._segment_ends(1024, default_segments(1024))
+    attended = sum((e - s) * (16 + e - 1) for s, e in zip([1, *ends], ends, strict=False))
+    filled = sum(16 + t for t in range(1, 1024))
+    assert attended / filled < 1 + 1 / 16
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_scanned_layers_match_unrolled_and_the_full_forward(dtype):
+    """The layer scan changes no token; its log-probs equal the trainer's re-score."""
+    params = _params(dtype)
+    kw = {"max_new_tokens": 12, "temperature": 1.0, "decode_segments": 3}
+    scanned = sample(params, TOKENS, MASK, jax.random.key(7), CFG, scan_layers=True, **kw)
+    unrolled = sample(params, TOKENS, MASK, jax.random.key(7), CFG, scan_layers=False, **kw)
+    ref, _ = _rescore(params, TOKENS, MASK, scanned, 1, 1.0)
+    if dtype == jnp.float32:
+        np.testing.assert_array_equal(scanned.tokens, unrolled.tokens)
+        np.testing.assert_allclose(scanned.logp, unrolled.logp, atol=1e-5)
+        np.testing.assert_allclose(scanned.logp, ref, atol=1e-5)
+    else:  # bf16: the scan rounds the residual stream per layer exactly as `forward` does
+        np.testing.assert_array_equal(scanned.logp, ref)
+    fp8_params = fp8.to_rollout_params(PARAMS, act_scaling="token")
+    for kv_fp8 in (False, True):
+        a, b = (sample(fp8_params, TOKENS, MASK, jax.random.key(3), CFG, kv_fp8=kv_fp8,
+                       scan_layers=s, **kw) for s in (True, False))
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- bad input
