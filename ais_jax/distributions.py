@@ -16,14 +16,69 @@ re-scores the same tokens with `token_logprobs` and the same settings.  With
 truncation) and the recorded log-prob is ``log_softmax(logits)`` (temperature
 1, untruncated) of the chosen token.  A token outside the truncated set has
 log-prob ``-inf``.
+
+Tiny temperatures.  For ``temperature < 1`` the logits are shifted by their row
+max before the division, ``z = (logits - max logits) / T``: the same
+distribution (softmax, top-k and top-p are shift invariant), but ``z`` never
+overflows float32, so every ``T > 0`` is exact down to the floor below.  As
+``T -> 0`` the draw concentrates on the argmax (shared among exact ties), its
+log-prob tends to ``0`` (``-log(#ties)``) and is always finite, and every other
+token's log-prob is a large negative number or ``-inf``.  Sampler and trainer
+use the same formula, so their log-probs stay consistent at any temperature.
+Temperatures in ``(0, MIN_TEMPERATURE)`` -- below float32's smallest normal
+number, where ``T`` itself is not representable (flushed to 0 on accelerators)
+-- are rejected with a ValueError, as are negative and non-finite ones; use
+``temperature=0`` for greedy decoding.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
+
+#: Smallest accepted positive temperature: float32's smallest normal number (~1.18e-38).
+MIN_TEMPERATURE = float(jnp.finfo(jnp.float32).tiny)
+
+
+def check_temperature(temperature: float) -> None:
+    """Raise ValueError unless ``temperature`` is 0 (greedy) or in ``[MIN_TEMPERATURE, inf)``.
+
+    Args:
+      temperature: a Python number (static in every jitted caller).
+
+    Raises:
+      ValueError: negative, non-finite, or positive below `MIN_TEMPERATURE`.
+    """
+    t = temperature
+    if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+    if 0 < t < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature {t!r} is below MIN_TEMPERATURE = {MIN_TEMPERATURE:.7g} (float32's "
+            f"smallest normal number); use temperature=0 for greedy decoding")
+
+
+def scale_logits(logits: jax.Array, temperature: float) -> jax.Array:
+    """``logits / T`` in float32 without overflow. ``[..., V]`` -> ``[..., V]``.
+
+    For ``T < 1`` the row max is subtracted first (same distribution, every
+    value ``<= 0``, the argmax exactly 0); for ``T >= 1`` it is the plain
+    quotient (``|logits / T| <= |logits|``).
+
+    Args:
+      logits: ``[..., V]`` raw logits (any float dtype).
+      temperature: ``>= MIN_TEMPERATURE`` (see `check_temperature`).
+
+    Returns:
+      ``[..., V]`` float32 scaled logits.
+    """
+    z = logits.astype(jnp.float32)
+    if temperature < 1.0:
+        z = z - jnp.max(z, axis=-1, keepdims=True)
+    return z / temperature
 
 
 def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
@@ -63,19 +118,27 @@ def token_logprobs(
       logits: ``[..., V]`` raw logits (any float dtype; computed in float32).
       tokens: ``[...]`` int ids.
       temperature: sampling temperature; 0 means greedy, scored at temperature
-        1 without truncation (as `sample` records it).
+        1 without truncation (as `sample` records it).  Positive values below
+        `MIN_TEMPERATURE` are rejected; tiny ones are exact (see the module
+        docstring).
       top_k: keep the k largest (0 = off).
       top_p: nucleus mass (1 = off).
 
     Returns:
       ``[...]`` float32: ``log_softmax(truncate(logits / T))[token]``
-      (``-inf`` for a token outside the truncated set).
+      (``-inf`` for a token outside the truncated set, or one whose
+      probability underflows at a tiny temperature).
+
+    Raises:
+      ValueError: for a temperature rejected by `check_temperature`.
     """
+    check_temperature(temperature)
     z = logits.astype(jnp.float32)
     if temperature > 0:
-        z = truncate_logits(z / temperature, top_k, top_p)
+        z = truncate_logits(scale_logits(z, temperature), top_k, top_p)
     lp = jax.nn.log_softmax(z, axis=-1)
-    return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    hit = jnp.arange(lp.shape[-1], dtype=jnp.int32) == tokens[..., None].astype(jnp.int32)
+    return jnp.sum(jnp.where(hit, lp, 0.0), axis=-1)
 
 
 def _block_size(V: int) -> int:
@@ -135,7 +198,11 @@ def sample_logits(
 
     Returns:
       ``(tokens [B] int32, logp [B] float32)``; ``logp`` equals
-      ``token_logprobs(logits, tokens, temperature, top_k, top_p)``.
+      ``token_logprobs(logits, tokens, temperature, top_k, top_p)`` and is
+      finite (for finite logits) at every accepted temperature.
+
+    Raises:
+      ValueError: for a temperature rejected by `check_temperature`.
     """
     u = jax.random.uniform(key, logits.shape[:1], jnp.float32)
     return sample_logits_u(u, logits, temperature, top_k, top_p)
@@ -145,11 +212,12 @@ def sample_logits_u(
     u: jax.Array, logits: jax.Array, temperature: float, top_k: int, top_p: float
 ) -> tuple[jax.Array, jax.Array]:
     """`sample_logits` given the row uniforms ``u`` ``[B]`` in [0, 1)."""
+    check_temperature(temperature)
     z = logits.astype(jnp.float32)
     if temperature == 0:
         tok = jnp.argmax(z, axis=-1).astype(jnp.int32)
         return tok, token_logprobs(z, tok, 0.0)
-    z = truncate_logits(z / temperature, top_k, top_p)
+    z = truncate_logits(scale_logits(z, temperature), top_k, top_p)
     m = jnp.max(z, axis=-1, keepdims=True)  # [B, 1], finite: the argmax is always kept
     e = jnp.exp(z - m)  # [B, V], 0 outside the kept set
     tok = _inverse_cdf(u, e)

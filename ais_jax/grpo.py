@@ -232,6 +232,8 @@ class Scoring(NamedTuple):
         see `ais_jax.logprobs.head_logprobs`.
       remat: per-layer rematerialization policy (`ais_jax.logprobs.REMAT_POLICIES`).
       constrain: sharding constraint for activations (batch axis), or None.
+      head_constrain: rows constraint of a vocab-parallel ``lm_head``
+        (`ais_jax.sharding.head_constraint`), or None.
     """
 
     temperature: float = 1.0
@@ -241,6 +243,7 @@ class Scoring(NamedTuple):
     chunk: int = 0
     remat: str = "none"
     constrain: Constrain | None = None
+    head_constrain: Constrain | None = None
 
 
 DEFAULT_SCORING = Scoring()
@@ -279,7 +282,8 @@ def trainer_logprobs(
     s = scoring
     return completion_logprobs(cast_params(params, s.compute_dtype), prompt_tokens, prompt_mask,
                                tokens, cfg, s.temperature, s.top_k, s.top_p, chunk=s.chunk,
-                               remat=s.remat, constrain=s.constrain)
+                               remat=s.remat, constrain=s.constrain,
+                               head_constrain=s.head_constrain)
 
 
 def policy_loss(

@@ -146,7 +146,8 @@ TOP_PARAMS: dict[str, ArrayInfo] = {
     "embed": ArrayInfo(("V", "D"), ("vocab", "embed"), "model.embed_tokens.weight",
                        "token_embd.weight", "normal"),
     "final_norm": ArrayInfo(("D",), (None,), "model.norm.weight", "output_norm.weight", "ones"),
-    "lm_head": ArrayInfo(("V", "D"), ("vocab", "embed"), "lm_head.weight", "output.weight",
+    "lm_head": ArrayInfo(("V", "D"), ("head_vocab", "head_embed"), "lm_head.weight",
+                         "output.weight",
                          "normal", fp8="option", when="not tie_embeddings"),
 }
 

@@ -14,7 +14,9 @@ vocabulary that array is 15-30 GB).  `completion_logprobs`:
 3. applies the final norm and the head in chunks of ``chunk`` positions under
    `jax.checkpoint`: the forward keeps ``[B, chunk, V]`` float32 logits at a
    time and the backward recomputes them, so peak memory no longer grows with
-   ``N * V``.
+   ``N * V``.  With an untied head sharded on its vocabulary (FSDP,
+   `ais_jax.sharding.head_constraint`), ``head_constrain`` gathers each chunk's
+   rows instead of the head's weight: the logits are computed vocab-parallel.
 
 The numbers equal the plain path (full forward, logits sliced to the
 completion, log-softmax) up to float reordering; see ``tests/test_logprobs.py``.
@@ -94,6 +96,7 @@ def head_logprobs(
     *,
     chunk: int = 0,
     constrain: Constrain | None = None,
+    head_constrain: Constrain | None = None,
 ) -> jax.Array:
     """Log-probs of ``tokens`` from the hidden states predicting them, ``chunk`` positions a time.
 
@@ -105,7 +108,8 @@ def head_logprobs(
       temperature, top_k, top_p: the sampling distribution (`ais_jax.distributions`).
       chunk: positions per head application (0: all ``N`` at once); each chunk
         is rematerialized in the backward pass.
-      constrain: applied to each chunk's hidden states ``[B, c, D]``.
+      constrain: applied to each chunk's hidden states ``[B, c, D]`` and outputs.
+      head_constrain: see `head_map`.
 
     Returns:
       ``[B, N]`` float32.
@@ -113,7 +117,8 @@ def head_logprobs(
     def fn(logits: jax.Array, tc: jax.Array) -> jax.Array:
         return token_logprobs(logits, tc, temperature, top_k, top_p)
 
-    return head_map(params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain)
+    return head_map(params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain,
+                    head_constrain=head_constrain)
 
 
 def head_map(
@@ -125,18 +130,37 @@ def head_map(
     *,
     chunk: int = 0,
     constrain: Constrain | None = None,
+    head_constrain: Constrain | None = None,
 ) -> Any:
     """``fn(logits [B, c, V] float32, tokens [B, c])`` over chunks of ``c`` positions.
 
     ``fn`` returns a pytree of ``[B, c]`` arrays; the result holds them
     concatenated back to ``[B, N]``.  Each chunk is rematerialized in the
     backward pass, so only one chunk's logits are alive at a time.
+
+    Args:
+      params: params holding ``final_norm`` and the head.
+      h: ``[B, N, D]`` hidden states.
+      tokens: ``[B, N]`` ids passed to ``fn`` with the logits.
+      cfg: model config.
+      fn: ``(logits [B, c, V] float32, tokens [B, c]) -> pytree of [B, c]``;
+        reductions over ``V`` only (it may run on vocabulary-sharded logits).
+      chunk: positions per head application (0: all at once).
+      constrain: applied to each chunk's input and to ``fn``'s outputs (rows).
+      head_constrain: applied instead of ``constrain`` to a chunk's input
+        ``[B, c, D]`` and tokens when the params hold an untied ``lm_head``
+        (`ais_jax.sharding.head_constraint`: vocab-parallel head).
+
+    Returns:
+      ``fn``'s pytree with leaves ``[B, N]``.
     """
     B, N, D = h.shape
     pin = constrain if constrain is not None else (lambda x: x)
+    head_pin = head_constrain if head_constrain is not None and "lm_head" in params else pin
 
     def one(hc: jax.Array, tc: jax.Array) -> Any:  # [B, c, D], [B, c] -> [B, c] leaves
-        return fn(model_lib._logits(params, pin(hc), cfg), tc)
+        out = fn(model_lib._logits(params, head_pin(hc), cfg), head_pin(tc))
+        return jax.tree.map(pin, out)
 
     if chunk <= 0 or chunk >= N:
         return one(h, tokens)
@@ -163,6 +187,7 @@ def completion_logprobs(
     chunk: int = 0,
     remat: str = "none",
     constrain: Constrain | None = None,
+    head_constrain: Constrain | None = None,
 ) -> jax.Array:
     """Per-token log-probs ``[B, N]`` of the completions ``tokens`` after left-padded prompts.
 
@@ -176,6 +201,7 @@ def completion_logprobs(
       chunk: head chunk length (0: one chunk).
       remat: per-layer rematerialization (`REMAT_POLICIES`).
       constrain: batch-sharding constraint for activations (see `hidden_states`).
+      head_constrain: rows constraint of a vocab-parallel head (see `head_map`).
 
     Returns:
       ``[B, N]`` float32 (positions after EOS computed too; mask them downstream).
@@ -187,4 +213,4 @@ def completion_logprobs(
     h = hidden_states(params, seq[:, :-1], cfg, seq_mask[:, :-1], remat=remat,
                       constrain=constrain)  # [B, P+N-1, D]
     return head_logprobs(params, h[:, P - 1:], tokens, cfg, temperature, top_k, top_p,
-                         chunk=chunk, constrain=constrain)
+                         chunk=chunk, constrain=constrain, head_constrain=head_constrain)

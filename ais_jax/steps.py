@@ -24,6 +24,7 @@ from ais_jax import fp8, grpo, optim, sampler
 from ais_jax import sharding as shd
 from ais_jax.ais import ais_coefficient
 from ais_jax.config import Config, RolloutSection, TrainSection
+from ais_jax.distributions import token_logprobs
 from ais_jax.grpo import cast_params
 from ais_jax.logprobs import head_map, hidden_states
 from ais_jax.model import ModelConfig
@@ -104,13 +105,16 @@ def remat_policy(cfg: Config) -> str:
     return "none" if cfg.model.source == "scratch" else "full"
 
 
-def scoring(cfg: Config, mesh: Mesh | None = None) -> grpo.Scoring:
+def scoring(cfg: Config, mesh: Mesh | None = None, vocab_size: int = 0) -> grpo.Scoring:
     """How the trainer scores completions: the rollout's distribution, the model's compute
-    dtype, the head chunk, the remat policy and (with a mesh) batch-sharded activations."""
+    dtype, the head chunk, the remat policy and (with a mesh) batch-sharded activations and a
+    vocab-parallel untied head (``vocab_size``: the head's rows)."""
     r = cfg.rollout
     return grpo.Scoring(r.temperature, r.top_k, r.top_p, DTYPES[cfg.model.compute_dtype],
                         chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg),
-                        constrain=None if mesh is None else shd.batch_constraint(mesh))
+                        constrain=None if mesh is None else shd.batch_constraint(mesh),
+                        head_constrain=None if mesh is None
+                        else shd.head_constraint(mesh, vocab_size))
 
 
 def loss_config(t: TrainSection) -> grpo.LossConfig:
@@ -132,7 +136,7 @@ def _trainer_logprobs(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, 
     B = batch.tokens.shape[0]
     parts = max(1, B // gradient_rows(cfg))
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
-    sc = scoring(cfg, mesh)
+    sc = scoring(cfg, mesh, model_cfg.vocab_size)
     xs = (batch.prompt_tokens, batch.prompt_mask, batch.tokens)
 
     def score(x: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
@@ -174,7 +178,7 @@ def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
     M = t.minibatches
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
     micro = (B // M) // t.micro_batch_size if t.micro_batch_size else 1
-    loss_cfg, sc = loss_config(t), scoring(cfg, mesh)
+    loss_cfg, sc = loss_config(t), scoring(cfg, mesh, model_cfg.vocab_size)
 
     def loss_fn(params: Any, mb: grpo.GRPOBatch,
                 totals: grpo.LossTotals | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -261,7 +265,8 @@ def update(
 
 def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelConfig,
              compute_dtype: Any = jnp.bfloat16, *, chunk: int = 0, remat: str = "none",
-             constrain: Any = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+             constrain: Any = None, head_constrain: Any = None,
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Teacher-forced cross-entropy on ``loss_mask`` positions.
 
     The head runs ``chunk`` positions at a time (`ais_jax.logprobs.head_map`), so
@@ -276,6 +281,7 @@ def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelCon
       chunk: head chunk length (0: all positions at once).
       remat: per-layer rematerialization policy.
       constrain: batch-sharding constraint for activations, or None.
+      head_constrain: rows constraint of a vocab-parallel head, or None.
 
     Returns:
       ``(mean token NLL, {"accuracy": token accuracy})``.
@@ -285,11 +291,11 @@ def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelCon
     tgt = tokens[:, 1:]
 
     def nll_hit(logits: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-        lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-        nll = -jnp.take_along_axis(lp, t[..., None], -1)[..., 0]
-        return nll, (jnp.argmax(lp, -1) == t)
+        nll = -token_logprobs(logits, t)  # masked sum: partitions over a sharded vocabulary
+        return nll, (jnp.argmax(logits, -1) == t)
 
-    nll, hit = head_map(p, h, tgt, cfg, nll_hit, chunk=chunk, constrain=constrain)  # [B, T-1]
+    nll, hit = head_map(p, h, tgt, cfg, nll_hit, chunk=chunk, constrain=constrain,
+                        head_constrain=head_constrain)  # [B, T-1]
     m = loss_mask[:, 1:].astype(jnp.float32)
     n = jnp.maximum(jnp.sum(m), 1.0)
     return jnp.sum(nll * m) / n, {"accuracy": jnp.sum(hit * m) / n}
@@ -344,7 +350,9 @@ def build_step_fns(
         def sft_fn(params, opt_state, tokens, loss_mask):
             (loss, aux), g = jax.value_and_grad(sft_loss, has_aux=True)(
                 params, tokens, loss_mask, model_cfg, DTYPES[cfg.model.compute_dtype],
-                chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg))
+                chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg),
+                constrain=shd.batch_constraint(mesh),
+                head_constrain=shd.head_constraint(mesh, model_cfg.vocab_size))
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
         sft_jit = jax.jit(sft_fn, donate_argnums=(0, 1))

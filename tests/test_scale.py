@@ -234,3 +234,55 @@ def test_merge_rows_inverts_split_rows():
     for parts, shards in ((1, 1), (3, 1), (2, 4), (3, 8)):
         np.testing.assert_array_equal(
             optim.merge_rows(optim.split_rows(x, parts, shards), shards), x)
+
+
+_HEAD_SCRIPT = r"""
+import json, re
+import jax, jax.numpy as jnp
+from ais_jax import grpo
+from ais_jax import sharding as shd
+from ais_jax.model import ModelConfig, init_params
+V = 176  # divisible by fsdp=4: the untied head runs vocab-parallel
+mc = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                 num_kv_heads=2, head_dim=8, tie_embeddings=False)
+mesh = shd.make_mesh(1, 4, 1)
+k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+params = init_params(k1, mc)
+params["lm_head"] = params["lm_head"] * 20.0
+prompt = jax.random.randint(k2, (8, 5), 0, V)
+pmask = jnp.arange(5)[None, :] >= (jnp.arange(8) % 3)[:, None]
+toks = jax.random.randint(k3, (8, 6), 0, V)
+head = shd.head_constraint(mesh, V)
+assert head is not None
+def loss(p, sc):
+    return jnp.sum(grpo.trainer_logprobs(p, prompt, pmask, toks, mc, sc) ** 2)
+plain = grpo.Scoring(compute_dtype=jnp.float32, chunk=4)
+sharded = plain._replace(constrain=shd.batch_constraint(mesh), head_constrain=head)
+psh = shd.param_shardings(params, mesh)
+assert psh["lm_head"].spec == jax.sharding.PartitionSpec(("fsdp",), None), psh["lm_head"].spec
+f = jax.jit(jax.value_and_grad(lambda p: loss(p, sharded)), in_shardings=(psh,))
+hlo = f.lower(params).compile().as_text()
+gathers = re.findall(r"= (\w+\[[\d,]*\])[^=]* all-gather\(", hlo)
+l1, g1 = f(jax.device_put(params, psh))
+l0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(p, plain)))(params)
+err = max(float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
+          for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)))
+print(json.dumps({"gathers": gathers, "loss": [float(l0), float(l1)], "grad_err": err,
+                  "grad_spec": str(g1["lm_head"].sharding.spec)}))
+"""
+
+
+def test_untied_head_runs_vocab_parallel_on_an_fsdp_mesh():
+    # The head's weight stays sharded on its vocabulary: rows are gathered, the
+    # weight never is, its gradient stays on its shard, and the numbers equal
+    # one device's.
+    out = subprocess.run([sys.executable, "-c", _HEAD_SCRIPT], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, JAX_NUM_CPU_DEVICES="4"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    dims = [[int(d) for d in s.split("[")[1].rstrip("]").split(",") if d] for s in res["gathers"]]
+    assert not [s for s, d in zip(res["gathers"], dims, strict=True) if 176 in d], res["gathers"]
+    l0, l1 = res["loss"]
+    assert abs(l1 - l0) <= 1e-5 * abs(l0), res["loss"]
+    assert res["grad_err"] < 1e-5, res["grad_err"]
+    assert "fsdp" in res["grad_spec"], res["grad_spec"]
