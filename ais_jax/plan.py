@@ -226,7 +226,11 @@ def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: An
     ref = state.params if cfg.train.beta_kl > 0 else None
     out = {}
     t0 = time.perf_counter()
-    upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref).compile()
+    # The run's update program: logp_old comes from the score program (a forward of the
+    # same rows, smaller than the update) unless the update takes it from its own forward.
+    logp_old = None if fns.score is None else sds((B, N), jnp.float32)
+    upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref,
+                           logp_old).compile()
     out["update"] = _memory(upd, time.perf_counter() - t0)
     t0 = time.perf_counter()
     roll = fns.rollout.lower(state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_),

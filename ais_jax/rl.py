@@ -5,9 +5,10 @@
 
     prompts  = codec.encode_batch(problems, P)                     # [Pn, P] left-padded (P grows)
     batch    = fns.rollout(state.params, prompts, rollout_key)     # G samples per prompt
+    logp_old = fns.score(state.params, batch)                      # dispatched, overlaps host
     texts    = codec.decode(batch.tokens, batch.mask)              # host
     rewards  = task verifier (once per completion)                 # host, [Pn, G]
-    state, m = fns.update(state, batch, rewards, update_key, ref)  # advantages, AIS, GRPO
+    state, m = fns.update(state, batch, rewards, update_key, ref, logp_old)  # AIS, GRPO
 
 ``record`` holds the training accuracy (share of verified completions) and
 every metric of the update (docs/spec.md section 5: reward, d_bar, ESS ratio,
@@ -81,12 +82,15 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         grow_prompt_bucket(run, max(len(s) for s in seqs))
         pt, pm = codec.pad(seqs, run.prompt_bucket)
         batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
+        # Dispatched now, so the trainer's logp_old forward runs while the host
+        # decodes and verifies (None: the update takes it from its own forward).
+        logp_old = None if fns.score is None else fns.score(state.params, batch)
         toks, msk = to_host(batch.tokens), to_host(batch.mask)
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
         rewards, correct = score_batch(run.task, texts, [p for p in problems for _ in range(G)],
                                        reward_cfg)
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
-        state, met = fns.update(state, batch, rewards_g, ukey, ref_params)
+        state, met = fns.update(state, batch, rewards_g, ukey, ref_params, logp_old)
         record = {"accuracy": float(np.mean(correct))}
         record.update({k: float(v) for k, v in jax.device_get(met).items()})
         return state, record

@@ -86,12 +86,12 @@ def main() -> None:
         out[f"rollout_{precision}"] = entry
     rewards = jax.random.uniform(k, (args.prompts, G))
     t0 = time.perf_counter()
-    comp = fns.update.lower(state, batch, rewards, k, None).compile()
+    comp = fns.update.lower(state, batch, rewards, k, None, None).compile()
     out["update"] = {"compile_s": time.perf_counter() - t0, "memory": _mem(comp)}
-    state, met = fns.update(state, batch, rewards, k, None)
+    state, met = fns.update(state, batch, rewards, k, None, None)
     jax.block_until_ready(state)
     t0 = time.perf_counter()
-    state, met = fns.update(state, batch, rewards, k, None)
+    state, met = fns.update(state, batch, rewards, k, None, None)
     jax.block_until_ready(state)
     out["update"].update(seconds=time.perf_counter() - t0, peak=_peak(),
                          loss=float(met["loss"]), d_bar=float(met["d_bar"]),

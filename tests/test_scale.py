@@ -210,7 +210,7 @@ batch = steps.RolloutBatch(S((Bn, Pn), jnp.int32), S((Bn, Pn), jnp.bool_), S((Bn
                            S((Bn, Nn), jnp.float32), S((Bn, Nn), jnp.float32))
 state_abs = jax.tree.map(lambda x: S(x.shape, x.dtype), state)
 hlo = fns.update.lower(state_abs, batch, S((4, 4), jnp.float32), jax.random.key(1),
-                       None).compile().as_text()
+                       None, S((Bn, Nn), jnp.float32)).compile().as_text()
 shapes = re.findall(r"= (\w+\[[\d,]*\])[^=]* all-reduce\(", hlo)
 print(json.dumps(shapes))
 """
