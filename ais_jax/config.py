@@ -16,6 +16,9 @@ the existence checks of ``model.source``, ``task.train_file`` and
 ``AIS_JAX_SKIP_PATH_CHECK=1`` is set (to inspect configs written for another
 machine).
 
+The ``runtime`` section (persistent compilation cache, profiler trace) leaves
+the results unchanged; `ais_jax.runtime` applies it.
+
 YAML note: PyYAML reads ``1e-4`` (no dot) as a string; float fields accept such
 strings, so ``learning_rate: 1e-4`` works.
 
@@ -38,6 +41,8 @@ from ais_jax.errors import UsageError
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "tiny_arithmetic.yaml"
 SKIP_PATH_CHECK_ENV = "AIS_JAX_SKIP_PATH_CHECK"
 SPECIAL_SOURCES = ("scratch", "smollm2")
+# ``runtime.compile_cache``: the persistent JAX compilation cache, per user.
+DEFAULT_COMPILE_CACHE = "~/.cache/ais_jax/jax"
 
 # ``task.difficulty``: generator keyword arguments, a mapping in YAML.
 Difficulty = FrozenMapping
@@ -170,6 +175,21 @@ class LogSection:
 
 
 @dataclass(frozen=True)
+class RuntimeSection:
+    """Process settings that leave the results unchanged (`ais_jax.runtime`)."""
+
+    # persistent JAX compilation cache directory (a rerun or resume then skips most
+    # compilation); none (or empty) disables it; a set JAX_COMPILATION_CACHE_DIR
+    # replaces the default
+    compile_cache: str = DEFAULT_COMPILE_CACHE
+    # write a JAX profiler trace of RL steps here, '' = none (the CLI flag --profile
+    # sets out_dir/profile); open plugins/profile/*/perfetto_trace.json.gz at
+    # https://ui.perfetto.dev, or the directory (*.xplane.pb) with TensorBoard/XProf
+    profile_dir: str = ""
+    profile_steps: int = 3  # RL steps traced, from the 2nd step of the process (the 1st compiles)
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run."""
 
@@ -185,6 +205,7 @@ class Config:
     mesh: MeshSection = field(default_factory=MeshSection)  # device mesh
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)  # checkpoints
     log: LogSection = field(default_factory=LogSection)  # logging
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)  # compile cache and profiler
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -348,6 +369,18 @@ def _validate_rest(cfg: Config) -> None:
         f"checkpoint.every must be >= 0 (0 = never), got {cfg.checkpoint.every}",
     )
     _require(cfg.checkpoint.keep >= 1, f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
+    _validate_runtime(cfg.runtime)
+
+
+def _validate_runtime(rt: RuntimeSection) -> None:
+    _require(
+        rt.profile_steps >= 1,
+        f"runtime.profile_steps must be >= 1 (RL steps traced), got {rt.profile_steps}; "
+        "set runtime.profile_dir='' to turn profiling off",
+    )
+    for key, value in (("runtime.compile_cache", rt.compile_cache),
+                       ("runtime.profile_dir", rt.profile_dir)):
+        _require("\x00" not in value, f"{key} contains a NUL byte; set it to a directory path")
 
 
 def validate(cfg: Config) -> None:

@@ -6,7 +6,9 @@ optional supervised warm start (`ais_jax.warmstart`), then the GRPO loop, one
 TensorBoard), evaluates (`ais_jax.evaluation`), checkpoints every
 ``checkpoint.every`` steps and resumes from the latest checkpoint in
 ``out_dir`` when rerun with the same command.  Bad input exits with status 2
-and one line on stderr.
+and one line on stderr.  Compiled programs go to a persistent compilation
+cache (``runtime.compile_cache``), so a rerun or resume starts in seconds;
+``--profile`` writes a JAX profiler trace of a few RL steps (`ais_jax.runtime`).
 
 Multi-host (TPU pod, GPU cluster): every host runs the same command with
 ``--distributed`` (``jax.distributed.initialize()`` auto-detects the cluster),
@@ -46,11 +48,13 @@ def run(cfg: Any) -> RunResult:
     import jax.numpy as jnp
 
     from ais_jax import checkpoint as ckpt
+    from ais_jax import runtime
     from ais_jax.build import build_run
     from ais_jax.evaluation import make_evaluator
     from ais_jax.placement import to_host
     from ais_jax.rl import make_rl_step
 
+    runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
     out_dir, is_main = cfg.out_dir, jax.process_index() == 0
     os.makedirs(out_dir, exist_ok=True)
     r = build_run(cfg)
@@ -86,22 +90,25 @@ def run(cfg: Any) -> RunResult:
     root = jax.random.key(cfg.seed)
     bar = _progress_fn("grpo", cfg.log.progress and is_main, initial=start, total=steps)
     loop = bar(range(start, steps)) if bar else range(start, steps)
-    for step in loop:
-        t0 = time.perf_counter()
-        problems = r.train_problems(0, step, cfg.rollout.prompts_per_step)
-        state, rec = rl_step(state, problems, jax.random.fold_in(root, step))
-        record = {"step": step + 1, **rec, "step_time_s": time.perf_counter() - t0}
-        if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < steps:
-            ev = evaluate(state.params)
-            record["eval_accuracy"] = ev["accuracy"]
-            if "sampled_accuracy" in ev:
-                record["eval_sampled_accuracy"] = ev["sampled_accuracy"]
-        history.append(record)
-        if is_main:
-            _log(record, metrics_path, writer, loop)
-        if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-            ckpt.save(manager, step + 1, payload(state, ref_params),
-                      {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
+    profiler = runtime.StepProfiler(cfg.runtime, start, is_main, jax.process_index(),
+                                    jax.process_count())
+    with profiler:  # the trace is stopped even if a step fails
+        for step in profiler.steps(loop):
+            t0 = time.perf_counter()
+            problems = r.train_problems(0, step, cfg.rollout.prompts_per_step)
+            state, rec = rl_step(state, problems, jax.random.fold_in(root, step))
+            record = {"step": step + 1, **rec, "step_time_s": time.perf_counter() - t0}
+            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < steps:
+                ev = evaluate(state.params)
+                record["eval_accuracy"] = ev["accuracy"]
+                if "sampled_accuracy" in ev:
+                    record["eval_sampled_accuracy"] = ev["sampled_accuracy"]
+            history.append(record)
+            if is_main:
+                _log(record, metrics_path, writer, loop)
+            if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+                ckpt.save(manager, step + 1, payload(state, ref_params),
+                          {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
     eval_after = evaluate(state.params)
     if cfg.checkpoint.every and steps % cfg.checkpoint.every:
         ckpt.save(manager, steps, payload(state, ref_params),
@@ -110,6 +117,7 @@ def run(cfg: Any) -> RunResult:
     if writer is not None:
         writer.close()
     compiles = {"rollout": r.fns.rollout._cache_size(), "update": r.fns.update._cache_size(),
+                "score": 0 if r.fns.score is None else r.fns.score._cache_size(),
                 "eval": eval_fn._cache_size()}
     # Params sharded across processes are gathered by every process (a collective).
     final_params = to_host(state.params) if jax.process_count() > 1 else state.params
@@ -219,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", help="YAML config file (default: configs/tiny_arithmetic.yaml)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.precision=bf16")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config")
+    ap.add_argument("--profile", action="store_true",
+                    help="write a JAX profiler trace of runtime.profile_steps RL steps (after the "
+                    "compiling one) to runtime.profile_dir, by default out_dir/profile")
     ap.add_argument("--distributed", action="store_true",
                     help="call jax.distributed.initialize() (multi-host)")
     args = ap.parse_args(argv)
@@ -227,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, args.overrides)
+        if args.profile:
+            from ais_jax.runtime import with_profile_flag
+
+            cfg = with_profile_flag(cfg)
         if args.print_config:
             print(format_config(cfg))
             return 0
