@@ -12,6 +12,25 @@ comes from three detached batch statistics:
 
 combined as ``alpha = clip(alpha_ess - beta_var * alpha_var, 0, 1) * alpha_mis``.
 ``beta_var`` is not given in the paper's v1 hyperparameters; it defaults to 1.
+
+Numerics (every statistic is finite for finite inputs, whatever their scale):
+
+* CV is scale-free, so it is computed on ``exp(log w_bar - s)`` with ``s``
+  the max of ``log w_bar`` over valid tokens rounded to a multiple of 16: the
+  largest shifted weight lies in ``[e^-8, e^8]``, so a batch whose ratios are
+  all tiny (log gaps around -60) does not underflow to CV = 0.  Ordinary
+  batches (``|max log w_bar| < 8``) get ``s = 0`` and exactly the unshifted
+  float32 numbers.
+* ``D`` is scale-free in ``A`` except for ``eps``: ``A`` is divided by a power
+  of two ``2^k > max |A|`` (exact) and ``eps`` by the same ``2^k``, so ``eps``
+  keeps the units of ``A`` (``D = std(A w) / (std(A) + eps)`` exactly as
+  written) and advantages up to float32 max do not overflow ``std``.  ``D`` is
+  then ``e^s * std(A' w') / (std(A') + eps / 2^k)`` with the shifted weights
+  ``w'`` above, and saturates at float32 max.
+* ``d_bar`` averages ``|clip(logp_train - logp_rollout, -L, L)|`` with
+  ``L = LOG_RATIO_BOUND = 87``: a ratio beyond ``e^+-87`` (outside float32's
+  normal range), e.g. a trainer probability of 0 (``logp_train = -inf``, then
+  ``w_bar = 0``), contributes ``L``.
 """
 
 from __future__ import annotations
@@ -25,21 +44,30 @@ from flax import struct
 
 MODES = ("ais", "tis", "none")
 
+#: Bound on ``|log ratio|`` in statistics (``d_bar`` here; the diagnostics of
+#: `ais_jax.corrections`): ``e^87`` and ``e^-87`` are normal float32 numbers.
+LOG_RATIO_BOUND = 87.0
+
+_F32_MAX = float(jnp.finfo(jnp.float32).max)
+_SHIFT_STEP = 16.0  # log w_bar is shifted by a multiple of this (see ais_coefficient)
+
 
 @struct.dataclass
 class AISResult:
     """Output of `ais_coefficient`.  Arrays of the input shape, scalars float32.
 
     Attributes:
-      weights: ``w_tilde = 1 + alpha * (w_bar - 1)``; 1.0 where the mask is 0.
+      weights: ``w_tilde = 1 + alpha * (w_bar - 1)`` (exactly ``w_bar`` in mode
+        ``"tis"``); 1.0 where the mask is 0.
       advantages: ``w_tilde * A`` where valid, 0 elsewhere (``A_tilde``).
       w_bar: truncated ratio ``min(exp(logp_train - logp_rollout), C)``; 1.0 where masked.
       alpha: the blend coefficient in [0, 1] actually applied (mode-dependent).
       alpha_ess: ``(1 + CV^2) ** -0.5``.
       alpha_mis: ``min(1, d_bar / delta)``.
       alpha_var: ``max(0, (D - gamma) / gamma)``.
-      d_bar: mean ``|logp_train - logp_rollout|`` over valid tokens.
-      var_amp: ``D = std(A * w_bar) / (std(A) + eps)``.
+      d_bar: mean ``|logp_train - logp_rollout|`` over valid tokens (each term
+        clipped at `LOG_RATIO_BOUND`).
+      var_amp: ``D = std(A * w_bar) / (std(A) + eps)`` (at most float32 max).
       ess_ratio: ``1 / (1 + CV^2)`` (= alpha_ess ** 2).
       cv: coefficient of variation of ``w_bar`` (sample std, ddof=1; 0 for < 2 tokens).
       num_valid: number of valid tokens (float32).
@@ -157,22 +185,36 @@ def ais_coefficient(
     valid = m.astype(jnp.bool_) if m.dtype == jnp.bool_ else m != 0
     n = jnp.sum(valid, dtype=jnp.float32)
 
-    diff = jnp.where(valid, lt.astype(jnp.float32) - lr.astype(jnp.float32), 0.0)
+    raw = jnp.where(valid, lt.astype(jnp.float32) - lr.astype(jnp.float32), 0.0)
     log_cap = math.log(C) if isinstance(C, numbers.Real) else jnp.log(C)
-    w_bar = jnp.where(valid, jnp.exp(jnp.minimum(diff, log_cap)), 1.0)
+    log_w = jnp.minimum(raw, log_cap)  # log w_bar; -inf where the trainer probability is 0
+    w_bar = jnp.where(valid, jnp.exp(log_w), 1.0)
     a = jnp.where(valid, adv.astype(jnp.float32), 0.0)
 
-    w_mean, w_std = _masked_mean_std(w_bar, valid, n)
+    # Scale-free CV: shift log w_bar by its max over valid tokens rounded to a multiple
+    # of 16 (0 for ordinary batches: bit-identical to the unshifted formula).  A NaN
+    # propagates through the max.
+    lmax = jnp.max(jnp.where(valid, log_w, -jnp.inf))
+    shift = jnp.where(jnp.isneginf(lmax), 0.0, _SHIFT_STEP * jnp.round(lmax / _SHIFT_STEP))
+    w_s = jnp.where(valid, jnp.exp(log_w - shift), 0.0)  # in [0, 1]
+    w_mean, w_std = _masked_mean_std(w_s, valid, n)
     cv = jnp.where(w_mean > 0, w_std / jnp.where(w_mean > 0, w_mean, 1.0), 0.0)
     ess_ratio = 1.0 / (1.0 + jnp.square(cv))
     alpha_ess = jax.lax.rsqrt(1.0 + jnp.square(cv))
 
+    diff = jnp.clip(raw, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     d_bar = jnp.sum(jnp.abs(diff)) / jnp.maximum(n, 1.0)
     alpha_mis = jnp.minimum(1.0, d_bar / delta)
 
-    _, a_std = _masked_mean_std(a, valid, n)
-    _, aw_std = _masked_mean_std(a * w_bar, valid, n)
-    var_amp = aw_std / (a_std + eps)
+    # D = std(A w) / (std(A) + eps) with A / 2^e (|A / 2^e| < 1, exact) and w = e^shift w_s.
+    _, e = jnp.frexp(jnp.max(jnp.abs(a)))
+    a_s = jnp.ldexp(a, -e)
+    _, a_std = _masked_mean_std(a_s, valid, n)
+    _, aw_std = _masked_mean_std(a_s * w_s, valid, n)
+    num = aw_std * jnp.exp(shift)
+    den = a_std + jnp.ldexp(jnp.asarray(eps, jnp.float32), -e)
+    ratio = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.inf)
+    var_amp = jnp.where(aw_std == 0, 0.0, jnp.minimum(ratio, _F32_MAX))
     alpha_var = jnp.maximum(0.0, (var_amp - gamma) / gamma)
 
     if mode == "ais":
@@ -185,7 +227,8 @@ def ais_coefficient(
         alpha = jnp.zeros((), jnp.float32)
     alpha = jnp.where(n > 0, alpha, 0.0).astype(jnp.float32)
 
-    weights = jnp.where(valid, 1.0 + alpha * (w_bar - 1.0), 1.0)
+    # tis: exactly w_bar (1 + 1 * (w_bar - 1) would round tiny ratios to 0).
+    weights = w_bar if mode == "tis" else jnp.where(valid, 1.0 + alpha * (w_bar - 1.0), 1.0)
     return AISResult(
         weights=weights,
         advantages=jnp.where(valid, weights * a, 0.0),

@@ -308,8 +308,9 @@ def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
 
 def _validate_rollout_ais(r: RolloutSection, a: AISSection) -> None:
     _require(
-        r.temperature > 0,
-        f"rollout.temperature must be > 0 for RL (log-probs divide by it), got {r.temperature}",
+        r.temperature >= 1.1754943508222875e-38,  # distributions.MIN_TEMPERATURE
+        f"rollout.temperature must be >= 1.18e-38 (float32's smallest normal number) for RL, "
+        f"got {r.temperature}; tiny temperatures are exact, 0 (greedy) has no log-probs",
     )
     _require(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}; 1 disables it")
     _require(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 disables it), got {r.top_k}")

@@ -67,7 +67,7 @@ import numpy as np
 
 from ais_jax import decode as decode_lib
 from ais_jax import model as model_lib
-from ais_jax.distributions import sample_logits_u
+from ais_jax.distributions import check_temperature, sample_logits_u
 from ais_jax.fp8 import BLOCK_LINEARS, QuantArray
 
 
@@ -319,10 +319,7 @@ def _validate(prompt_tokens, prompt_mask, cfg, max_new_tokens, temperature, top_
     N = _check_int("max_new_tokens", max_new_tokens, 1)
     _check_int("num_samples", num_samples, 1)
     _check_int("top_k", top_k, 0)
-    if not isinstance(temperature, int | float) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), "
-                         f"got {temperature!r}")
+    check_temperature(temperature)  # finite, and 0 (greedy) or >= MIN_TEMPERATURE
     if not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     V = cfg.vocab_size
@@ -388,7 +385,11 @@ def sample(
       key: PRNG key (same key, same inputs -> same rollout).
       cfg: model config (static).
       max_new_tokens: ``N``, the decode budget.
-      temperature: ``> 0`` samples softmax(logits / T); ``0`` is greedy.
+      temperature: ``> 0`` samples softmax(logits / T); ``0`` is greedy.  Any
+        ``T >= ais_jax.distributions.MIN_TEMPERATURE`` (float32's smallest
+        normal number, ~1.18e-38) is exact: tokens stay in the vocabulary and
+        their log-probs finite (the logits are shifted by their max before
+        dividing); smaller positive values are rejected.
       top_k: keep the k most likely tokens (0 = off).
       top_p: nucleus mass in (0, 1] (1 = off).
       eos_id: an id or a sequence of ids that end a row; None: never stop early.
@@ -409,7 +410,8 @@ def sample(
 
     Raises:
       ValueError: for an empty batch, a prompt too long for the model's
-        positions, a negative temperature, ``top_p`` outside (0, 1], a negative
+        positions, a negative temperature or a positive one below
+        ``MIN_TEMPERATURE``, ``top_p`` outside (0, 1], a negative
         ``top_k`` and similar bad settings (one sentence each).
     """
     prompt_tokens = jnp.asarray(prompt_tokens) if isinstance(prompt_tokens, np.ndarray | list) \

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ais_jax import ais_coefficient
+from ais_jax.ais import LOG_RATIO_BOUND
 
 W_BAR = np.array([0.8, 1.0, 1.2, 2.0])
 ADV = np.array([1.2, 0.4, -0.2, -0.8])
@@ -178,15 +179,16 @@ def test_any_shape():
 
 _floats = st.floats(-1e4, 1e4, allow_nan=False, width=32)
 _garbage = st.sampled_from([np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0])
+_adv_floats = st.floats(-10, 10, width=32)
 
 
 @st.composite
-def _batch(draw, garbage=True):
+def _batch(draw, garbage=True, elements=_floats, adv_elements=_adv_floats):
     # A few fixed shapes (1-3 dims) so the jit cache is reused across examples.
     shape = draw(st.sampled_from(_SHAPES))
-    lt = draw(hnp.arrays(np.float32, shape, elements=_floats))
-    lr = draw(hnp.arrays(np.float32, shape, elements=_floats))
-    adv = draw(hnp.arrays(np.float32, shape, elements=st.floats(-10, 10, width=32)))
+    lt = draw(hnp.arrays(np.float32, shape, elements=elements))
+    lr = draw(hnp.arrays(np.float32, shape, elements=elements))
+    adv = draw(hnp.arrays(np.float32, shape, elements=adv_elements))
     mask = draw(hnp.arrays(np.bool_, shape))
     if garbage:
         g = draw(hnp.arrays(np.float32, shape, elements=_garbage))
@@ -240,3 +242,101 @@ def test_property_jit_equals_eager(b, mode):
     r2 = _jitted(*b, mode=mode)
     for a, c in zip(jax.tree.leaves(r1), jax.tree.leaves(r2), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------- scale-free statistics (float64 reference)
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _logspace_reference(lt, lr, adv, mask, C=5.0, delta=0.02, gamma=1.2, beta_var=1.0, eps=1e-6):
+    """Float64 statistics computed in log space (shifted by the max log weight)."""
+    v = np.asarray(mask).astype(bool)
+    d = (np.asarray(lt, np.float64) - np.asarray(lr, np.float64))[v]
+    log_w = np.minimum(d, math.log(C))
+    m = log_w.max()
+    ws = np.exp(log_w - m)  # in (0, 1]: no underflow
+    a = np.asarray(adv, np.float64)[v]
+    s = np.abs(a).max() or 1.0  # D is scale-free in A except eps, which keeps A's units
+    n = len(ws)
+    cv = np.std(ws, ddof=1) / np.mean(ws) if n > 1 else 0.0
+    sa = np.std(a / s, ddof=1) if n > 1 else 0.0
+    saw = np.std(a / s * ws, ddof=1) if n > 1 else 0.0
+    D = math.exp(m) * saw / (sa + eps / s)
+    out = {"cv": cv, "alpha_ess": (1 + cv**2) ** -0.5, "var_amp": D,
+           "d_bar": np.mean(np.abs(np.clip(d, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))),
+           "alpha_var": max(0.0, (D - gamma) / gamma)}
+    out["alpha_mis"] = min(1.0, out["d_bar"] / delta)
+    out["alpha"] = np.clip(out["alpha_ess"] - beta_var * out["alpha_var"], 0, 1) * out["alpha_mis"]
+    return out
+
+
+def _assert_matches_reference(lt, lr, adv, mask, rtol=1e-4):
+    r = ais_coefficient(np.float32(lt), np.float32(lr), np.float32(adv), mask)
+    ref = _logspace_reference(np.float32(lt), np.float32(lr), np.float32(adv), mask)
+    for k, v in ref.items():
+        np.testing.assert_allclose(float(getattr(r, k)), v, rtol=rtol, atol=1e-7, err_msg=k)
+    return r
+
+
+def test_tiny_ratios_do_not_underflow_the_cv():
+    # The issue's batch: log gaps -58 and -53 gave CV = 0, alpha_ess = 1.
+    r = _assert_matches_reference(np.array([-58.0, -53.0]), np.zeros(2), np.array([1.0, -1.0]),
+                                  np.ones(2))
+    np.testing.assert_allclose(float(r.alpha_ess), 0.5825, atol=1e-4)
+    rng = np.random.default_rng(5)
+    for _ in range(20):  # every ratio below 1e-20
+        n = 32
+        lt = rng.uniform(-60.0, -46.1, n)
+        mask = rng.random(n) < 0.8
+        mask[:2] = True
+        _assert_matches_reference(lt, np.zeros(n), rng.normal(size=n), mask)
+
+
+def test_matches_logspace_reference_with_log_gaps_up_to_60():
+    rng = np.random.default_rng(6)
+    for i in range(30):
+        n = 40
+        width = [0.05, 2.0, 60.0][i % 3]
+        lt, lr = rng.uniform(-width, width, n) - 3.0, np.full(n, -3.0)
+        mask = rng.random(n) < 0.8
+        mask[:2] = True
+        _assert_matches_reference(lt, lr, rng.normal(size=n), mask)
+
+
+def test_huge_advantages_give_finite_statistics():
+    rng = np.random.default_rng(7)
+    lt = rng.normal(0, 0.3, 16)
+    for scale in (1e30, 1e38, _F32_MAX):
+        adv = np.clip(rng.uniform(-1, 1, 16) * scale, -_F32_MAX, _F32_MAX)
+        r = _assert_matches_reference(lt, np.zeros(16), adv, np.ones(16))
+        for k, v in r.stats().items():
+            assert np.isfinite(float(v)), k
+        assert not np.isnan(np.asarray(r.advantages)).any()
+
+
+def test_tis_weights_are_exactly_w_bar_and_zero_trainer_probability():
+    lt = jnp.array([math.log(1e-10), -jnp.inf, 0.3, 0.0])
+    r = ais_coefficient(lt, jnp.zeros(4), jnp.ones(4), jnp.ones(4), mode="tis")
+    np.testing.assert_allclose(np.asarray(r.weights), [1e-10, 0.0, math.exp(0.3), 1.0],
+                               rtol=1e-6)
+    for mode in ("ais", "tis", "none"):
+        r = ais_coefficient(lt, jnp.zeros(4), jnp.ones(4), jnp.ones(4), mode=mode)
+        for leaf in jax.tree.leaves(r):
+            assert np.all(np.isfinite(np.asarray(leaf))), mode
+        assert float(r.w_bar[1]) == 0.0
+        # The -inf gap enters d_bar as LOG_RATIO_BOUND.
+        np.testing.assert_allclose(float(r.d_bar), (23.02585 + LOG_RATIO_BOUND + 0.3) / 4,
+                                   rtol=1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_batch(elements=st.floats(width=32, allow_nan=False, allow_infinity=False),
+              adv_elements=st.floats(width=32, allow_nan=False, allow_infinity=False)),
+       st.sampled_from(["ais", "tis", "none"]))
+def test_property_finite_statistics_for_any_finite_inputs(b, mode):
+    r = _jitted(*b, mode=mode)
+    for k, v in r.stats().items():
+        assert np.isfinite(float(v)), k
+    assert np.all(np.isfinite(np.asarray(r.weights)))
+    assert not np.any(np.isnan(np.asarray(r.advantages)))  # |A| w may exceed float32 max

@@ -167,6 +167,43 @@ def test_greedy_is_argmax_and_logp_at_temperature_one():
     np.testing.assert_allclose(out.logp, ref, atol=1e-4)
 
 
+@pytest.mark.parametrize("T", [1e-20, 1e-30, distributions.MIN_TEMPERATURE])
+def test_tiny_temperature_keeps_tokens_in_vocab_and_logp_finite(T):
+    # logits / T overflows float32 here; the row-max shift keeps it exact.
+    kw = {"max_new_tokens": 6, "decode_segments": 1, "num_samples": 2}
+    out = sample(PARAMS, TOKENS, MASK, jax.random.key(0), CFG, temperature=T, **kw)
+    tok, logp = np.asarray(out.tokens), np.asarray(out.logp)
+    assert tok.min() >= 0 and tok.max() < CFG.vocab_size
+    assert np.isfinite(logp).all() and (logp <= 0).all()
+    np.testing.assert_allclose(logp, 0.0, atol=1e-6)  # the limit T -> 0: probability 1
+    greedy = sample(PARAMS, TOKENS, MASK, jax.random.key(0), CFG, temperature=0.0, **kw)
+    np.testing.assert_array_equal(tok, greedy.tokens)
+    # The trainer's scorer uses the same formula: finite (0) for its own argmax, never NaN.
+    ref, logits = _rescore(PARAMS, TOKENS, MASK, out, 2, T)
+    assert not np.isnan(np.asarray(ref)).any()
+    is_max = np.asarray(out.tokens) == np.asarray(jnp.argmax(logits, -1))
+    np.testing.assert_allclose(np.asarray(ref)[is_max], 0.0, atol=1e-6)
+
+
+def test_tiny_temperature_sampler_and_scorer_agree_and_floor_is_enforced():
+    logits = jax.random.normal(jax.random.key(5), (64, 50)) * 30.0
+    for T in (1e-3, 1e-20, 1e-30):
+        tok, logp = sample_logits(jax.random.key(1), logits, T)
+        np.testing.assert_array_equal(tok, jnp.argmax(logits, -1))
+        assert bool(jnp.all(jnp.isfinite(logp)))
+        np.testing.assert_array_equal(token_logprobs(logits, tok, T), logp)
+        other = token_logprobs(logits, (tok + 1) % 50, T)  # never NaN: -inf or very negative
+        assert not bool(jnp.any(jnp.isnan(other))) and bool(jnp.all(other < -1.0))
+    for bad in (1e-39, 5e-324, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            token_logprobs(logits, tok, bad)
+        with pytest.raises(ValueError, match="temperature"):
+            sample_logits(jax.random.key(1), logits, bad)
+    with pytest.raises(ValueError, match="MIN_TEMPERATURE"):
+        sample(PARAMS, TOKENS, MASK, jax.random.key(0), CFG, max_new_tokens=2,
+               temperature=1e-39)
+
+
 def test_first_token_frequencies_match_model_softmax():
     """End to end: 20,000 samples of one prompt, first token vs softmax(forward / T)."""
     n, T = 20_000, 1.3
