@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
@@ -149,13 +150,37 @@ def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
     return params, model_cfg, PromptCodec(tok, style, task, int(pad), tuple(int(e) for e in eos))
 
 
+def rl_warmup(learning_rate: float, warmup_steps: int,
+              updates_per_step: int) -> Callable[[Any], Any]:
+    """Linear warmup counted in RL steps: RL step ``s`` (from 0) runs at
+    ``learning_rate * min(1, (s + 1) / warmup_steps)``.
+
+    The schedule sees optimizer updates (``updates_per_step = epochs *
+    minibatches`` of them per RL step), so every update of one RL step gets the
+    same rate; the first update is nonzero and the full rate is reached at RL
+    step ``warmup_steps - 1``.
+
+    Args:
+      learning_rate: peak rate.
+      warmup_steps: RL steps of the warmup (>= 1).
+      updates_per_step: optimizer updates per RL step (>= 1).
+
+    Returns:
+      An optax schedule ``count -> rate``.
+    """
+    def schedule(count: Any) -> Any:
+        rl_step = count // updates_per_step
+        return learning_rate * jnp.minimum(1.0, (rl_step + 1) / warmup_steps)
+    return schedule
+
+
 def build_optimizers(cfg: Config) -> tuple[optax.GradientTransformation,
                                            optax.GradientTransformation | None]:
     """``(GRPO optimizer, warm-start optimizer or None)`` from the train and sft sections."""
     t = cfg.train
     lr: float | Callable[[Any], Any] = t.learning_rate
     if t.warmup_steps:
-        lr = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
+        lr = rl_warmup(t.learning_rate, t.warmup_steps, t.epochs * t.minibatches)
     optimizer = optim.make_optimizer(lr, clip_norm=t.clip_norm or None,
                                     weight_decay=t.weight_decay)
     sft_opt = None

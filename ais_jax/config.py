@@ -96,10 +96,15 @@ class RolloutSection:
 
 @dataclass(frozen=True)
 class AISSection:
-    """Adaptive importance sampling correction of the rollout-training mismatch."""
+    """Off-policy correction of the rollout-training mismatch: AIS and the modes users compare
+    it with (docs/corrections.md)."""
 
-    mode: str = "ais"  # ais (adaptive) | tis (alpha = 1) | none (alpha = 0)
-    C: float = 5.0  # truncation cap of the importance ratio, > 1
+    # correction mode: ais (adaptive) | tis (token min(rho, C)) | none | token_mask |
+    # seq_tis | seq_mask | geo_mask (formulas and TRL / verl names: docs/corrections.md)
+    mode: str = "ais"
+    C: float = 5.0  # ratio cap of ais / tis / token_mask / seq_tis / seq_mask, > 1
+    # geo_mask: drop a sequence whose |mean log-ratio| exceeds this (log 1.001, verl's bound)
+    geo_threshold: float = 0.0009995003330834232
     delta: float = 0.02  # mean |log-ratio| at which alpha_mis saturates, > 0
     gamma: float = 1.2  # variance-amplification threshold of alpha_var, > 0
     beta_var: float = 1.0  # weight of alpha_var in alpha, >= 0
@@ -115,7 +120,7 @@ class TrainSection:
 
     steps: int = 100  # RL steps (each: rollout, score, update)
     learning_rate: float = 1e-4  # AdamW peak learning rate
-    warmup_steps: int = 0  # linear warmup steps of the learning rate
+    warmup_steps: int = 0  # RL steps of linear lr warmup (step s: lr * (s + 1) / warmup_steps)
     clip_norm: float = 1.0  # global gradient-norm clip; 0 disables
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     epochs: int = 1  # PPO epochs (mu) over each batch of rollouts
@@ -217,7 +222,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.fp8_format": ("e4m3", "e5m2"),
     "rollout.act_scaling": ("tensor", "token"),
     "rollout.weight_scaling": ("tensor", "channel"),
-    "ais.mode": ("ais", "tis", "none"),
+    "ais.mode": ("ais", "tis", "none", "token_mask", "seq_tis", "seq_mask", "geo_mask"),
     "train.loss_aggregation": ("token_mean", "seq_mean_token_mean", "constant"),
 }
 
@@ -324,6 +329,9 @@ def _validate_rollout_ais(r: RolloutSection, a: AISSection) -> None:
         value = getattr(a, name)
         _require(value > 0, f"ais.{name} must be > 0, got {value}")
     _require(a.beta_var >= 0, f"ais.beta_var must be >= 0, got {a.beta_var}")
+    _require(a.geo_threshold >= 0,
+             f"ais.geo_threshold must be >= 0 (a bound on |mean log-ratio|), got "
+             f"{a.geo_threshold}")
 
 
 def _validate_train(tr: TrainSection, r: RolloutSection) -> None:

@@ -256,7 +256,7 @@ def prefill(
     x = _embed(params, tokens)
 
     def body(x, lp):
-        return _layer(x, lp, pos, attn_mask, inv_freq, cfg)
+        return _layer(x, lp, pos, attn_mask, inv_freq, cfg, rows=mask)
 
     x, (ks, vs) = jax.lax.scan(body, x, params["layers"])  # ks, vs [L, B, T, K, H]
     dtype = params["embed"].dtype if dtype is None else dtype
@@ -266,7 +266,7 @@ def prefill(
     cache = KVCache(k=_cache_write(cache.k, ks, K_LAYOUT, _ALL, zero),
                     v=_cache_write(cache.v, vs, V_LAYOUT, _ALL, zero), valid=valid,
                     pos=jnp.sum(mask, -1, dtype=jnp.int32), index=jnp.full((), T, jnp.int32))
-    return _logits(params, x, cfg), cache
+    return _logits(params, x, cfg, mask), cache
 
 
 def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
@@ -374,7 +374,7 @@ def extend(
     dtype = x.dtype
 
     def run(x, lp, kv):
-        return _layer(x, lp, pos, attn_mask, inv_freq, cfg, kv_update=kv)
+        return _layer(x, lp, pos, attn_mask, inv_freq, cfg, kv_update=kv, rows=mask)
 
     if scan_layers is None:
         scan_layers = scan_layers_default(cfg)
@@ -395,6 +395,6 @@ def extend(
             ks.append(lk)
             vs.append(lv)
         ck, cv = (_stack(ks), _stack(vs)) if stacked else (tuple(ks), tuple(vs))
-    logits = _logits(params, x, cfg)
+    logits = _logits(params, x, cfg, mask)
     new_pos = cache.pos + jnp.sum(mask.astype(jnp.int32), -1)
     return logits, KVCache(k=ck, v=cv, valid=valid, pos=new_pos, index=cache.index + T)

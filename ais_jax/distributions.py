@@ -141,6 +141,36 @@ def token_logprobs(
     return jnp.sum(jnp.where(hit, lp, 0.0), axis=-1)
 
 
+def truncates(temperature: float, top_k: int, top_p: float) -> bool:
+    """Whether the sampling distribution is truncated (top-k / top-p at ``temperature > 0``)."""
+    return temperature > 0 and (top_k > 0 or top_p < 1.0)
+
+
+def token_logprob_pair(
+    logits: jax.Array,
+    tokens: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Log-probs of ``tokens`` under the truncated and the full (tempered) distribution.
+
+    Args:
+      logits: ``[..., V]`` raw logits.
+      tokens: ``[...]`` int ids.
+      temperature, top_k, top_p: as in `token_logprobs`.
+
+    Returns:
+      ``(truncated, full)``, each ``[...]`` float32: `token_logprobs` with the
+      given truncation (``-inf`` outside the kept set), and without it (finite
+      for finite logits).  Equal when nothing truncates.
+    """
+    trunc = token_logprobs(logits, tokens, temperature, top_k, top_p)
+    if not truncates(temperature, top_k, top_p):
+        return trunc, trunc
+    return trunc, token_logprobs(logits, tokens, temperature)
+
+
 def _block_size(V: int) -> int:
     return max(1, 1 << round(math.log2(math.sqrt(V))))
 

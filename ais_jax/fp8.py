@@ -91,6 +91,7 @@ def quantize(
     dtype: Any = E4M3,
     axes: int | Sequence[int] | None = None,
     act_scaling: str = "tensor",
+    valid: jax.Array | None = None,
 ) -> QuantArray:
     """Dynamic cast-and-scale to FP8: ``scale = amax / fmax``, ``q = clip(x / scale)``.
 
@@ -101,6 +102,10 @@ def quantize(
         (one scale). ``(-2, -1)`` on stacked weights ``[L, out, in]``: one scale
         per layer. ``-1`` on ``[..., out, in]``: one scale per output channel.
       act_scaling: stored on the result for `qdot` (``"tensor"`` or ``"token"``).
+      valid: optional bool array broadcastable to ``x`` (e.g. ``[..., T, 1]``
+        rows): only these entries enter the amax (padding and finished rows
+        never set a scale); the others are still quantized, with the scale of
+        the valid ones.
 
     Returns:
       `QuantArray` with float8 ``value`` (same shape as ``x``) and float32 ``scale``.
@@ -115,7 +120,8 @@ def quantize(
     xf = x.astype(jnp.float32)
     if axes is None:
         axes = tuple(range(x.ndim))
-    amax = jnp.max(jnp.abs(xf), axis=axes, keepdims=True)
+    ax = jnp.abs(xf) if valid is None else jnp.where(valid, jnp.abs(xf), 0.0)
+    amax = jnp.max(ax, axis=axes, keepdims=True)
     scale = jnp.where(amax > 0, amax / fmax, 1.0).astype(jnp.float32)
     q = jnp.clip(xf / scale, -fmax, fmax).astype(dtype)
     return QuantArray(value=q, scale=scale, act_scaling=act_scaling)
@@ -151,6 +157,7 @@ def qdot(
     *,
     compute_dtype: Any = jnp.float32,
     out_dtype: Any | None = None,
+    valid: jax.Array | None = None,
 ) -> jax.Array:
     """FP8 matmul ``x @ w.T`` with dynamic activation quantization.
 
@@ -166,6 +173,9 @@ def qdot(
         (per tensor) or ``[out, 1]`` (per channel).
       compute_dtype: the wide type the float8 operands are converted to.
       out_dtype: result dtype; defaults to ``x.dtype``.
+      valid: optional ``[...]`` bool mask of the rows of ``x`` that may set a
+        per-tensor activation scale (padding and finished rows excluded, so
+        a sequence's FP8 numbers do not depend on how it is padded).
 
     Returns:
       ``[..., out]`` in ``out_dtype``.
@@ -174,7 +184,8 @@ def qdot(
         raise ValueError(f"qdot expects a 2-D weight [out, in], got shape {w.value.shape}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
     per_token = w.act_scaling == "token"
-    xq = quantize(x, dtype=w.value.dtype, axes=-1 if per_token else None)
+    rows = None if valid is None or per_token else valid[..., None]
+    xq = quantize(x, dtype=w.value.dtype, axes=-1 if per_token else None, valid=rows)
     # The float8 operands are only converted (exactly) to the wide type, and the
     # float32 product is rescaled afterwards: the GEMM reads the 1-byte weights
     # (XLA fuses the convert into the dot operand) and never materializes a
@@ -187,14 +198,16 @@ def qdot(
     return y.astype(out_dtype)
 
 
-def linear(x: jax.Array, w: jax.Array | QuantArray, b: jax.Array | None = None) -> jax.Array:
+def linear(x: jax.Array, w: jax.Array | QuantArray, b: jax.Array | None = None,
+           valid: jax.Array | None = None) -> jax.Array:
     """``x @ w.T + b`` for a full-precision or quantized weight ``w`` ``[out, in]``.
 
     Full-precision weights multiply in ``x.dtype`` with float32 accumulation;
-    `QuantArray` weights go through `qdot`.  Returns ``[..., out]`` in ``x.dtype``.
+    `QuantArray` weights go through `qdot` (``valid``: ``[...]`` rows that may
+    set its activation scale).  Returns ``[..., out]`` in ``x.dtype``.
     """
     if isinstance(w, QuantArray):
-        y = qdot(x, w, out_dtype=jnp.float32)
+        y = qdot(x, w, out_dtype=jnp.float32, valid=valid)
     else:
         y = _contract_last(x, w.astype(x.dtype), jnp.float32)
     if b is not None:

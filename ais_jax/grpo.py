@@ -134,6 +134,8 @@ def grpo_loss(
     logp_ref: jax.Array | None = None,
     loss_cfg: LossConfig = DEFAULT_LOSS,
     totals: LossTotals | None = None,
+    logp_new_full: jax.Array | None = None,
+    logp_old_full: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped GRPO objective on (AIS-weighted) advantages with the k3 KL penalty.
 
@@ -152,6 +154,13 @@ def grpo_loss(
       totals: normalizers of the whole batch when this call sees one
         micro-batch of it (the losses and metrics of the micro-batches then
         sum to those of the whole batch); None: this batch's own.
+      logp_new_full, logp_old_full: ``[B, N]`` log-probs under the full
+        (untruncated) tempered distribution when ``logp_new`` / ``logp_old``
+        are truncated ones (top-k / top-p).  A token outside the trainer's
+        truncated set (``logp_old = -inf``: its importance ratio is 0, see
+        `ais_jax.corrections`) takes its PPO ratio from these, so every mode
+        trains on the tokens it sampled; the KL term always compares full
+        distributions (finite).  None: nothing truncates.
 
     Returns:
       ``(loss scalar float32, metrics)`` with ``clip_frac``, ``kl``, ``ratio_mean``.
@@ -160,6 +169,12 @@ def grpo_loss(
         raise ValueError(f"unknown loss aggregation {loss_cfg.aggregation!r}; "
                          f"use one of {AGGREGATIONS}")
     valid = mask.astype(jnp.bool_) if mask.dtype == jnp.bool_ else mask != 0
+    ln_kl = logp_new
+    if logp_new_full is not None and logp_old_full is not None:
+        in_set = ~jnp.isneginf(jax.lax.stop_gradient(logp_old))  # NaN stays NaN
+        logp_new = jnp.where(in_set, logp_new, logp_new_full)
+        logp_old = jnp.where(in_set, logp_old, logp_old_full)
+        ln_kl = logp_new_full
     ln = jnp.where(valid, logp_new.astype(jnp.float32), 0.0)
     lo = jnp.where(valid, jax.lax.stop_gradient(logp_old).astype(jnp.float32), 0.0)
     adv = jnp.where(valid, jax.lax.stop_gradient(advantages).astype(jnp.float32), 0.0)
@@ -171,7 +186,7 @@ def grpo_loss(
     kl = jnp.zeros_like(per_tok)
     if logp_ref is not None:
         lref = jnp.where(valid, jax.lax.stop_gradient(logp_ref).astype(jnp.float32), 0.0)
-        d = lref - ln
+        d = lref - jnp.where(valid, ln_kl.astype(jnp.float32), 0.0)
         kl = jnp.exp(d) - d - 1.0
         per_tok = per_tok + loss_cfg.beta_kl * kl
     per_tok = jnp.where(valid, per_tok, 0.0)
@@ -208,7 +223,10 @@ class GRPOBatch(NamedTuple):
       mask: ``[B, N]`` float32, 1 for valid generated tokens.
       logp_old: ``[B, N]`` pre-update trainer log-probs (detached).
       advantages: ``[B, N]`` AIS-weighted advantages ``A_tilde``.
-      logp_ref: ``[B, N]`` reference log-probs, or None (no KL term).
+      logp_ref: ``[B, N]`` reference log-probs under the full (untruncated)
+        distribution, or None (no KL term).
+      logp_old_full: ``[B, N]`` pre-update log-probs under the full tempered
+        distribution when the sampler truncates (top-k / top-p), else None.
     """
 
     prompt_tokens: jax.Array
@@ -218,6 +236,7 @@ class GRPOBatch(NamedTuple):
     logp_old: jax.Array
     advantages: jax.Array
     logp_ref: jax.Array | None = None
+    logp_old_full: jax.Array | None = None
 
 
 class Scoring(NamedTuple):
@@ -268,7 +287,9 @@ def trainer_logprobs(
     tokens: jax.Array,
     cfg: model_lib.ModelConfig,
     scoring: Scoring = DEFAULT_SCORING,
-) -> jax.Array:
+    *,
+    both: bool = False,
+) -> Any:
     """Trainer log-probs ``[B, N]`` of ``tokens``: `sequence_logprobs` in the compute dtype.
 
     Args:
@@ -278,12 +299,17 @@ def trainer_logprobs(
       tokens: ``[B, N]`` generated tokens.
       cfg: model config.
       scoring: the sampler's distribution settings and the compute dtype.
+      both: return ``(truncated, full)``: under the sampler's (truncated)
+        distribution and under the full tempered one, from one forward.
+
+    Returns:
+      ``[B, N]`` float32, or the pair with ``both``.
     """
     s = scoring
     return completion_logprobs(cast_params(params, s.compute_dtype), prompt_tokens, prompt_mask,
                                tokens, cfg, s.temperature, s.top_k, s.top_p, chunk=s.chunk,
                                remat=s.remat, constrain=s.constrain,
-                               head_constrain=s.head_constrain)
+                               head_constrain=s.head_constrain, both=both)
 
 
 def policy_loss(
@@ -307,7 +333,9 @@ def policy_loss(
     Returns:
       ``(loss, metrics)`` as `grpo_loss`.
     """
+    pair = batch.logp_old_full is not None
     logp_new = trainer_logprobs(params, batch.prompt_tokens, batch.prompt_mask, batch.tokens,
-                                cfg, scoring)
+                                cfg, scoring, both=pair)
+    logp_new, logp_new_full = logp_new if pair else (logp_new, None)
     return grpo_loss(logp_new, batch.logp_old, batch.advantages, batch.mask, batch.logp_ref,
-                     loss_cfg, totals)
+                     loss_cfg, totals, logp_new_full, batch.logp_old_full)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax import model as model_lib
-from ais_jax.distributions import token_logprobs
+from ais_jax.distributions import token_logprob_pair, token_logprobs
 
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,  # keep every activation of the backward pass
@@ -76,7 +76,7 @@ def hidden_states(
     pin = constrain if constrain is not None else (lambda x: x)
 
     def body(x: jax.Array, lp: dict) -> tuple[jax.Array, None]:
-        x, _ = model_lib._layer(pin(x), lp, pos, attn_mask, inv_freq, cfg)
+        x, _ = model_lib._layer(pin(x), lp, pos, attn_mask, inv_freq, cfg, rows=mask)
         return x, None
 
     if remat != "none":
@@ -97,7 +97,8 @@ def head_logprobs(
     chunk: int = 0,
     constrain: Constrain | None = None,
     head_constrain: Constrain | None = None,
-) -> jax.Array:
+    both: bool = False,
+) -> Any:
     """Log-probs of ``tokens`` from the hidden states predicting them, ``chunk`` positions a time.
 
     Args:
@@ -110,11 +111,15 @@ def head_logprobs(
         is rematerialized in the backward pass.
       constrain: applied to each chunk's hidden states ``[B, c, D]`` and outputs.
       head_constrain: see `head_map`.
+      both: return the pair ``(truncated, full)`` of
+        `ais_jax.distributions.token_logprob_pair` (one head pass).
 
     Returns:
-      ``[B, N]`` float32.
+      ``[B, N]`` float32 (a pair of them with ``both``).
     """
-    def fn(logits: jax.Array, tc: jax.Array) -> jax.Array:
+    def fn(logits: jax.Array, tc: jax.Array) -> Any:
+        if both:
+            return token_logprob_pair(logits, tc, temperature, top_k, top_p)
         return token_logprobs(logits, tc, temperature, top_k, top_p)
 
     return head_map(params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain,
@@ -188,7 +193,8 @@ def completion_logprobs(
     remat: str = "none",
     constrain: Constrain | None = None,
     head_constrain: Constrain | None = None,
-) -> jax.Array:
+    both: bool = False,
+) -> Any:
     """Per-token log-probs ``[B, N]`` of the completions ``tokens`` after left-padded prompts.
 
     Args:
@@ -202,9 +208,11 @@ def completion_logprobs(
       remat: per-layer rematerialization (`REMAT_POLICIES`).
       constrain: batch-sharding constraint for activations (see `hidden_states`).
       head_constrain: rows constraint of a vocab-parallel head (see `head_map`).
+      both: return ``(truncated, full)`` log-probs (see `head_logprobs`).
 
     Returns:
-      ``[B, N]`` float32 (positions after EOS computed too; mask them downstream).
+      ``[B, N]`` float32 (positions after EOS computed too; mask them downstream);
+      a pair of them with ``both``.
     """
     P = prompt_tokens.shape[1]
     seq = jnp.concatenate([prompt_tokens, tokens], axis=1)  # [B, P+N]
@@ -213,4 +221,5 @@ def completion_logprobs(
     h = hidden_states(params, seq[:, :-1], cfg, seq_mask[:, :-1], remat=remat,
                       constrain=constrain)  # [B, P+N-1, D]
     return head_logprobs(params, h[:, P - 1:], tokens, cfg, temperature, top_k, top_p,
-                         chunk=chunk, constrain=constrain, head_constrain=head_constrain)
+                         chunk=chunk, constrain=constrain, head_constrain=head_constrain,
+                         both=both)

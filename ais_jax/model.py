@@ -160,8 +160,11 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 
 
 def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None, *,
-           kv_update=None):
+           kv_update=None, rows=None):
     """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
+
+    ``rows`` (``[B, T]`` bool, optional): the real tokens; only they set the
+    per-tensor activation scales of FP8 linears (`ais_jax.fp8.qdot`).
 
     Without a cache ``k`` / ``v`` are this block's ``[B, T, K, H]``.  With
     ``kv_update``, a function ``(k, v) -> ((k', v'), (keys, values))`` that
@@ -174,9 +177,9 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-    q = linear(h, lp["wq"], lp.get("bq")).reshape(B, T, Q, H)
-    k = linear(h, lp["wk"], lp.get("bk")).reshape(B, T, K, H)
-    v = linear(h, lp["wv"], lp.get("bv")).reshape(B, T, K, H)
+    q = linear(h, lp["wq"], lp.get("bq"), rows).reshape(B, T, Q, H)
+    k = linear(h, lp["wk"], lp.get("bk"), rows).reshape(B, T, K, H)
+    v = linear(h, lp["wv"], lp.get("bv"), rows).reshape(B, T, K, H)
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
@@ -192,11 +195,11 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
     else:
         kx, vx = k, v
     o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
-    x = x + linear(o, lp["wo"], lp.get("bo"))
+    x = x + linear(o, lp["wo"], lp.get("bo"), rows)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    g = linear(h, lp["w_gate"], lp.get("b_gate"))
-    u = linear(h, lp["w_up"], lp.get("b_up"))
-    x = x + linear(jax.nn.silu(g) * u, lp["w_down"], lp.get("b_down"))
+    g = linear(h, lp["w_gate"], lp.get("b_gate"), rows)
+    u = linear(h, lp["w_up"], lp.get("b_up"), rows)
+    x = x + linear(jax.nn.silu(g) * u, lp["w_down"], lp.get("b_down"), rows)
     return x, (k, v)
 
 
@@ -207,11 +210,12 @@ def _embed(params: dict, tokens: jax.Array) -> jax.Array:
     return jnp.take(embed, tokens, axis=0)  # [B, T, D]
 
 
-def _logits(params: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+def _logits(params: dict, x: jax.Array, cfg: ModelConfig, rows: jax.Array | None = None
+            ) -> jax.Array:
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     head = params.get("lm_head", params["embed"])
     if isinstance(head, QuantArray):
-        return qdot(x, head, out_dtype=jnp.float32)  # [B, T, V]
+        return qdot(x, head, out_dtype=jnp.float32, valid=rows)  # [B, T, V]
     return jax.lax.dot_general(
         x, head.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
         preferred_element_type=jnp.float32,
@@ -256,8 +260,8 @@ def forward(
     x = _embed(params, tokens)
 
     def body(x, lp):
-        x, _ = _layer(x, lp, pos, attn_mask, inv_freq, cfg)
+        x, _ = _layer(x, lp, pos, attn_mask, inv_freq, cfg, rows=mask)
         return x, None
 
     x, _ = jax.lax.scan(body, x, params["layers"])
-    return _logits(params, x, cfg)
+    return _logits(params, x, cfg, mask)

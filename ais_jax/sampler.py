@@ -256,8 +256,10 @@ def _sample_impl(
 
     def body(st: _DecodeState) -> _DecodeState:
         p = _view_params(prepared, transpose)
+        # Finished rows enter as padding: never attended to, and never part of an
+        # FP8 activation scale (a live row's numbers do not depend on them).
         logits, cache = decode_lib.extend(
-            p, st.last[:, None], jnp.ones((B, 1), jnp.bool_), st.cache, cfg,
+            p, st.last[:, None], ~st.done[:, None], st.cache, cfg,
             scan_layers=scan_layers,
         )  # [B, 1, V]
         tok, lp = draw(st.step, logits[:, 0])

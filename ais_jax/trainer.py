@@ -28,8 +28,10 @@ from jax.sharding import Mesh
 
 from ais_jax import grpo, optim
 from ais_jax import sharding as shd
-from ais_jax.ais import AISResult, ais_coefficient
+from ais_jax.ais import ais_coefficient
 from ais_jax.config import Config, TrainSection
+from ais_jax.corrections import correction_weights
+from ais_jax.distributions import truncates as truncates_dist
 from ais_jax.model import ModelConfig
 from ais_jax.optim import TrainState
 
@@ -83,8 +85,14 @@ def gradient_rows(cfg: Config) -> int:
     return t.micro_batch_size or r.prompts_per_step * r.group_size // t.minibatches
 
 
+def truncates(cfg: Config) -> bool:
+    """Whether the rollout samples from a truncated (top-k / top-p) distribution."""
+    r = cfg.rollout
+    return truncates_dist(r.temperature, r.top_k, r.top_p)
+
+
 def score(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, cfg: Config,
-                      mesh: Mesh | None) -> jax.Array:
+          mesh: Mesh | None, *, full: bool = False) -> Any:
     """Detached trainer log-probs ``[B, N]`` of the whole batch, scored ``gradient_rows`` rows at
     a time (so the no-grad pass never holds more activations than one gradient does).
 
@@ -94,18 +102,25 @@ def score(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, cfg: Config,
       model_cfg: model config.
       cfg: the run config.
       mesh: the trainer's mesh, or None.
+      full: score under the full (untruncated) tempered distribution only
+        (the KL reference).
 
     Returns:
-      ``[B, N]`` float32.
+      ``[B, N]`` float32 under the sampler's distribution; when it truncates
+      (and not ``full``), the pair ``(truncated, full)`` (see
+      `ais_jax.grpo.trainer_logprobs`).
     """
     B = batch.tokens.shape[0]
     parts = max(1, B // gradient_rows(cfg))
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
     sc = scoring(cfg, mesh, model_cfg.vocab_size)
+    both = truncates(cfg) and not full
+    if full:
+        sc = sc._replace(top_k=0, top_p=1.0)
     xs = (batch.prompt_tokens, batch.prompt_mask, batch.tokens)
 
-    def score(x: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
-        return grpo.trainer_logprobs(params, *x, model_cfg, sc)
+    def score(x: tuple[jax.Array, jax.Array, jax.Array]) -> Any:
+        return grpo.trainer_logprobs(params, *x, model_cfg, sc, both=both)
 
     if parts == 1:
         return jax.lax.stop_gradient(score(xs))
@@ -159,32 +174,42 @@ def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
     return state, jax.tree.map(jnp.mean, mets)
 
 
-def _correct(logp_old: jax.Array, batch: RolloutBatch, adv_tok: jax.Array,
-             cfg: Config) -> tuple[RolloutBatch, jax.Array, AISResult, dict[str, jax.Array]]:
-    """AIS on the trainer's ``logp_old`` ``[B, N]``; returns the (re-masked) batch, the
-    ``logp_old`` the loss uses, the `AISResult` and batch metrics (all detached)."""
-    logp_old = jax.lax.stop_gradient(logp_old)
-    # With top-k / top-p the trainer recomputes the truncated set from its own
-    # logits; a sampled token outside it has logp_old = -inf (probability 0
-    # under the trainer's sampling distribution).  Such tokens carry no usable
-    # ratio: drop them from AIS and the loss (counted in `dropped_tokens`).
-    finite = jnp.isfinite(logp_old)
-    dropped = jnp.sum((batch.mask > 0) & ~finite)
-    batch = batch._replace(mask=jnp.where(finite, batch.mask, 0.0))
-    logp_old = jnp.where(finite, logp_old, 0.0)
+def _correct(logp_old: Any, batch: RolloutBatch, adv_tok: jax.Array,
+             cfg: Config) -> tuple[grpo.GRPOBatch, dict[str, jax.Array]]:
+    """The correction mode (``ais.mode``) on the trainer's ``logp_old``: the `grpo.GRPOBatch`
+    of the update (loss mask = the mode's keep mask, ``A_tilde``) and the batch metrics.
+
+    ``logp_old``: ``[B, N]``, or ``(truncated, full)`` when the rollout truncates.  A
+    valid token outside the trainer's truncated set (``logp_old = -inf``) has
+    importance ratio 0 in every mode and stays in the batch (``zero_prob_tokens``).
+    """
+    lo, lo_full = logp_old if isinstance(logp_old, tuple) else (logp_old, None)
+    lo = jax.lax.stop_gradient(lo)
+    lo_full = None if lo_full is None else jax.lax.stop_gradient(lo_full)
     a = cfg.ais
-    res = ais_coefficient(logp_old, batch.logp, adv_tok, batch.mask, C=a.C, delta=a.delta,
-                          gamma=a.gamma, beta_var=a.beta_var, eps=a.eps, mode=a.mode,
-                          use_ess=a.use_ess, use_mis=a.use_mis, use_var=a.use_var)
     valid = batch.mask > 0
+    ais_kw = dict(delta=a.delta, gamma=a.gamma, beta_var=a.beta_var, eps=a.eps,
+                  use_ess=a.use_ess, use_mis=a.use_mis, use_var=a.use_var)
+    res = correction_weights(lo, batch.logp, adv_tok, valid, mode=a.mode, cap=a.C,
+                             threshold=a.geo_threshold, **ais_kw)
+    stats = res.stats()
+    if res.ais is None:  # alpha's parts are logged in every mode (alpha 0: not applied)
+        ais_stats = ais_coefficient(lo, batch.logp, adv_tok, valid, C=a.C, mode="none",
+                                    **ais_kw).stats()
+        stats = {**ais_stats, **stats}
+    keep = res.keep
+    gb = grpo.GRPOBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens,
+                        keep.astype(jnp.float32), lo, res.advantages, None, lo_full)
     extra = {
         "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
-        "dropped_tokens": dropped.astype(jnp.float32),
+        "loss_tokens": jnp.sum(keep).astype(jnp.float32),
+        "dropped_tokens": jnp.sum(valid & ~keep).astype(jnp.float32),
+        "zero_prob_tokens": jnp.sum(valid & jnp.isneginf(lo)).astype(jnp.float32),
         "logp_rollout_mean": jnp.sum(jnp.where(valid, batch.logp, 0.0))
         / jnp.maximum(jnp.sum(valid), 1),
-        **res.stats(),
+        **stats,
     }
-    return batch, logp_old, res, extra
+    return gb, extra
 
 
 def _single_forward_update(state: TrainState, batch: RolloutBatch, adv_tok: jax.Array,
@@ -193,13 +218,15 @@ def _single_forward_update(state: TrainState, batch: RolloutBatch, adv_tok: jax.
                            mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One guarded step whose ``logp_old`` is the stop-gradient of its own forward."""
     loss_cfg, sc = loss_config(cfg.train), scoring(cfg, mesh, model_cfg.vocab_size)
+    both = truncates(cfg)
 
     def loss_fn(params: Any, b: RolloutBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
-        logp_new = grpo.trainer_logprobs(params, b.prompt_tokens, b.prompt_mask, b.tokens,
-                                         model_cfg, sc)  # [B, N], differentiated
-        b, logp_old, res, extra = _correct(logp_new, b, adv_tok, cfg)
-        loss, mets = grpo.grpo_loss(logp_new, logp_old, res.advantages, b.mask, logp_ref,
-                                    loss_cfg)
+        new = grpo.trainer_logprobs(params, b.prompt_tokens, b.prompt_mask, b.tokens,
+                                    model_cfg, sc, both=both)  # differentiated
+        ln, ln_full = new if both else (new, None)
+        gb, extra = _correct(new, b, adv_tok, cfg)
+        loss, mets = grpo.grpo_loss(ln, gb.logp_old, gb.advantages, gb.mask, logp_ref,
+                                    loss_cfg, None, ln_full, gb.logp_old_full)
         return loss, {**mets, **extra}
 
     return optim.apply_update(state, batch, loss_fn, optimizer)
@@ -255,7 +282,7 @@ def update(
                          "micro-batching")
     logp_ref = None
     if ref_params is not None and cfg.train.beta_kl > 0:
-        logp_ref = score(ref_params, batch, model_cfg, cfg, mesh)
+        logp_ref = score(ref_params, batch, model_cfg, cfg, mesh, full=True)
     if one_pass:
         if mesh is not None:
             batch = jax.tree.map(shd.batch_constraint(mesh), batch)
@@ -265,9 +292,8 @@ def update(
     else:
         if logp_old is None:
             logp_old = score(state.params, batch, model_cfg, cfg, mesh)  # [B, N]
-        batch, logp_old, res, extra = _correct(logp_old, batch, adv_tok, cfg)
-        gb = grpo.GRPOBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, batch.mask,
-                            logp_old, res.advantages, logp_ref)
+        gb, extra = _correct(logp_old, batch, adv_tok, cfg)
+        gb = gb._replace(logp_ref=logp_ref)
         state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg, mesh)
     metrics = {
         "loss": mets["loss"],

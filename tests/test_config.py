@@ -111,7 +111,9 @@ def test_load_config_accepts_pathlike_and_empty_file(tmp_path):
         (["sft.steps=-1"], "sft.steps must be >= 0 (0 skips SFT), got -1"),
         (["train.learning_rate=0"], "train.learning_rate must be > 0, got 0.0"),
         (["rollout.precision=fp16"], "rollout.precision must be one of 'fp8', 'bf16', got 'fp16'"),
-        (["ais.mode=AIS"], "ais.mode must be one of 'ais', 'tis', 'none', got 'AIS'"),
+        (["ais.mode=AIS"], "ais.mode must be one of 'ais', 'tis', 'none', 'token_mask'"),
+        (["ais.geo_threshold=-0.1"], "ais.geo_threshold must be >= 0"),
+        (["ais.C=1"], "ais.C must be > 1"),
         (["train.loss_aggregation=sum"], "'token_mean', 'seq_mean_token_mean', 'constant'"),
         (["model.param_dtype=float16"], "model.param_dtype must be one of 'float32', 'bfloat16'"),
         (["rollout.fp8_format=e3m4"], "rollout.fp8_format must be one of 'e4m3', 'e5m2'"),
@@ -253,7 +255,7 @@ def test_format_config_shows_every_key_with_its_comment():
         name = key.rpartition(".")[2]
         assert any(line.strip().startswith(f"{name}:") for line in text.splitlines()), key
     assert "  steps: 100  # RL steps" in text
-    assert "  C: 5.0  # truncation cap" in text
+    assert "  C: 5.0  # ratio cap" in text
 
 
 def test_every_field_has_a_comment():
@@ -351,3 +353,10 @@ def test_yaml_round_trip_property(seed, out_dir, lr, difficulty, tensorboard):
     for text in (config_yaml.config_to_yaml(cfg), config_yaml.format_config(cfg)):
         data = yaml.safe_load(text)
         assert config_yaml.build(Config, data) == cfg, text
+
+
+def test_correction_modes_and_defaults_match_the_library():
+    from ais_jax.corrections import CORRECTION_MODES, DEFAULT_GEO_THRESHOLD
+
+    assert set(config.CHOICES["ais.mode"]) == set(CORRECTION_MODES)
+    assert Config().ais.geo_threshold == DEFAULT_GEO_THRESHOLD

@@ -143,3 +143,34 @@ def test_bad_options():
         fp8.quantize(jnp.ones(3), act_scaling="row")
     with pytest.raises(ValueError, match="weight_scaling"):
         fp8.quantize_weight(jnp.ones((3, 3)), weight_scaling="block")
+
+
+def test_fp8_logprobs_do_not_depend_on_left_padding():
+    # Per-tensor activation scales are taken over the real tokens only: five
+    # left pads (of the token with the largest embedding) change nothing.
+    from ais_jax import model as model_lib
+    from ais_jax.logprobs import completion_logprobs
+
+    cfg = model_lib.ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=96,
+                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                                max_position_embeddings=64)
+    p = model_lib.init_params(jax.random.key(0), cfg)
+    p["embed"] = p["embed"] * 8.0
+    rp = fp8.to_rollout_params(jax.tree.map(lambda x: x.astype(jnp.bfloat16), p),
+                               quantize_lm_head=True)
+    k1, k2 = jax.random.split(jax.random.key(1))
+    prompt = jax.random.randint(k1, (2, 6), 0, 61)
+    toks = jax.random.randint(k2, (2, 5), 0, 61)
+    pad_id = int(jnp.argmax(jnp.sum(jnp.abs(p["embed"]), -1)))
+    padded = jnp.concatenate([jnp.full((2, 5), pad_id), prompt], 1)
+    pmask = jnp.concatenate([jnp.zeros((2, 5), bool), jnp.ones((2, 6), bool)], 1)
+    plain = completion_logprobs(rp, prompt, jnp.ones((2, 6), bool), toks, cfg)
+    pads = completion_logprobs(rp, padded, pmask, toks, cfg)
+    np.testing.assert_allclose(np.asarray(pads), np.asarray(plain), rtol=1e-6, atol=1e-6)
+
+
+def test_quantize_amax_ignores_invalid_rows():
+    x = jnp.array([[1.0, -2.0], [100.0, 3.0]])
+    q = fp8.quantize(x, valid=jnp.array([[True], [False]]))
+    assert float(q.scale.reshape(())) == pytest.approx(2.0 / fp8.fp8_max())
+    assert float(fp8.quantize(x).scale.reshape(())) == pytest.approx(100.0 / fp8.fp8_max())

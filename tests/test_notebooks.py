@@ -52,7 +52,7 @@ EXPECTED = {
         "float8_e4m3fn",
     ],
     "03_training_walkthrough.ipynb": [
-        "compilations: {'rollout': 1, 'update': 1, 'eval': 1}",
+        "compilations: {'rollout': 1, 'update': 1, 'score': 0, 'eval': 1}",
         "alpha == clip(alpha_ess - beta_var * alpha_var, 0, 1) * alpha_mis on every step",
         "checkpoints: ['0', '3', '6']",
         "resumed_from: 6",

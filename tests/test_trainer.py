@@ -86,3 +86,66 @@ def test_single_forward_needs_one_epoch_one_minibatch_no_accumulation():
     cfg, params, batch, rewards, key = _setup(("train.minibatches=2",))
     with pytest.raises(ValueError, match="one_pass"):
         _run(cfg, params, batch, rewards, key, one_pass=True)
+
+
+def test_truncation_with_kl_skips_no_update_and_stays_finite():
+    # Random tokens: most fall outside the trainer's top-5 set (trainer probability 0).
+    cfg, params, batch, rewards, key = _setup(("rollout.top_k=5", "train.beta_kl=0.05",
+                                               "train.minibatches=2"))
+    opt = optax.adam(1e-3)
+    state = optim.init_train_state(params, opt)
+    ref = jax.tree.map(lambda x: x * 0.9, params)
+    step = jax.jit(lambda s, k: trainer.update(s, batch, rewards, k, ref, opt, MC, cfg))
+    for i in range(3):
+        state, m = step(state, jax.random.fold_in(key, i))
+        m = {k: float(v) for k, v in m.items()}
+        assert m["skipped"] == 0, m
+        assert np.isfinite(m["loss"]) and np.isfinite(m["kl"]) and m["kl"] > 0, m
+        assert m["zero_prob_tokens"] > 0 and m["loss_tokens"] == float(jnp.sum(batch.mask)), m
+    assert int(state.skipped) == 0
+
+
+def test_arms_train_on_the_same_token_set_under_truncation():
+    seen = {}
+    for mode in ("none", "tis", "ais"):
+        cfg, params, batch, rewards, key = _setup(("rollout.top_k=5", f"ais.mode={mode}"))
+        g, m = _run(cfg, params, batch, rewards, key)
+        assert m["skipped"] == 0 and np.isfinite(m["loss"]), (mode, m)
+        assert m["zero_prob_tokens"] > 0, m
+        seen[mode] = (m["loss_tokens"], m["zero_prob_tokens"], m["dropped_tokens"])
+        if mode == "none":  # trains on the sampled tokens the trainer's top-5 excludes too
+            assert all(float(jnp.max(jnp.abs(x))) > 0 for x in jax.tree.leaves(g))
+    assert seen["none"] == seen["tis"] == seen["ais"], seen
+    assert seen["none"][0] == float(jnp.sum(batch.mask)) and seen["none"][2] == 0
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "seq_tis", "seq_mask", "geo_mask"])
+def test_peer_modes_run_through_the_update(mode):
+    cfg, params, batch, rewards, key = _setup((f"ais.mode={mode}", "ais.C=2.0"))
+    _, m = _run(cfg, params, batch, rewards, key)
+    assert m["skipped"] == 0 and np.isfinite(m["loss"]), m
+    valid = float(jnp.sum(batch.mask))
+    assert m["loss_tokens"] + m["dropped_tokens"] == valid, m
+    for k in ("kl_k1", "kl_k3", "log_ratio_p50", "d_bar", "alpha"):
+        assert np.isfinite(m[k]), (k, m)
+    assert m["alpha"] == 0.0  # alpha's parts are logged, alpha itself is not applied
+
+
+def test_nan_sampler_logprob_skips_the_update():
+    cfg, params, batch, rewards, key = _setup()
+    batch = batch._replace(logp=batch.logp.at[0, 0].set(jnp.nan))  # a valid position
+    grads, m = _run(cfg, params, batch, rewards, key)
+    assert m["skipped"] == 1
+    assert all(float(jnp.max(jnp.abs(x))) == 0 for x in jax.tree.leaves(grads))
+
+
+def test_warmup_counts_rl_steps_and_starts_above_zero():
+    from ais_jax.build import rl_warmup
+
+    sched = rl_warmup(1e-3, warmup_steps=10, updates_per_step=4)  # e.g. 4 minibatches
+    lrs = np.array([float(sched(c)) for c in range(48)])
+    assert lrs[0] == pytest.approx(1e-4)  # the first update moves the weights
+    for s in range(12):  # every update of one RL step runs at that step's rate
+        np.testing.assert_allclose(lrs[4 * s:4 * s + 4], 1e-3 * min(1.0, (s + 1) / 10),
+                                   rtol=1e-6)
+    assert lrs[4 * 9] == pytest.approx(1e-3) and lrs[4 * 8] < 1e-3
