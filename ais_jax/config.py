@@ -36,6 +36,7 @@ from pathlib import Path
 from ais_jax.config_yaml import FrozenMapping, load_yaml
 from ais_jax.config_yaml import format_config as format_config  # re-exported
 from ais_jax.errors import UsageError
+from ais_jax.safe_yaml import clip
 
 # The tiny end-to-end run; the trainer's default ``--config``.
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "tiny_arithmetic.yaml"
@@ -263,24 +264,27 @@ def _at_least(section: str, values: object, names: tuple[str, ...], low: int) ->
         _require(value >= low, f"{section}.{name} must be >= {low}, got {value}")
 
 
-def _check_path(key: str, path: str) -> None:
+def _check_path(key: str, path: str, allow_dir: bool = False) -> None:
     if os.environ.get(SKIP_PATH_CHECK_ENV) == "1":
         return
     if key == "model.source":
         _require(
             os.path.exists(path),
-            f"model.source path {path!r} does not exist; point it at an HF directory or a "
+            f"model.source path {clip(path)} does not exist; point it at an HF directory or a "
             f".gguf file, or use 'scratch' or 'smollm2'",
         )
         _require(
             os.path.isdir(path) or path.endswith(".gguf"),
-            f"model.source {path!r} is neither a directory nor a .gguf file; "
+            f"model.source {clip(path)} is neither a directory nor a .gguf file; "
             "point it at an HF directory or a .gguf file",
         )
+    elif key == "out_dir":
+        _require(not os.path.exists(path) or os.path.isdir(path),
+                 f"out_dir {clip(path)} is an existing file, not a directory; pick another out_dir")
     else:
         _require(
-            os.path.isfile(path),
-            f"{key} {path!r} is not a file; point it at a local JSONL file or set it to ''",
+            os.path.isfile(path) or (allow_dir and os.path.isdir(path)),
+            f"{key} {clip(path)} is not a file; point it at a local JSONL file or set it to ''",
         )
 
 
@@ -290,9 +294,12 @@ def _validate_choices(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         _require(
             value in choices,
-            f"{key} must be one of {', '.join(map(repr, choices))}, got {value!r}",
+            f"{key} must be one of {', '.join(map(repr, choices))}, got {clip(value)}",
         )
     _require(bool(cfg.out_dir), "out_dir is empty; set it to a run directory, e.g. runs/my_run")
+    _require("\x00" not in cfg.out_dir, "out_dir contains a NUL byte; set it to a directory path")
+    _check_path("out_dir", cfg.out_dir)
+    _require(0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32), got {clip(cfg.seed)}")
 
 
 def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
@@ -409,3 +416,6 @@ def validate(cfg: Config) -> None:
     _validate_rollout_ais(cfg.rollout, cfg.ais)
     _validate_train(cfg.train, cfg.rollout)
     _validate_rest(cfg)
+    from ais_jax.tasks import check_task_settings  # light: imports no jax
+
+    check_task_settings(cfg.task.name, dict(cfg.task.difficulty), cfg.sft.mistake_rate)

@@ -26,7 +26,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from ais_jax import safe_yaml
 from ais_jax.errors import UsageError
+from ais_jax.safe_yaml import clip, cut
 
 # A mapping-valued leaf (generator keyword arguments): sorted (name, value) pairs,
 # hashable; written as a YAML mapping such as {digits: 2}.
@@ -76,16 +78,16 @@ def _unknown_key(root: type, key: str, where: str) -> UsageError:
             difflib.get_close_matches(key, depth, n=1)
         )
     if close:
-        return UsageError(f"unknown config key {key!r}{where}; did you mean {close[0]!r}?")
+        return UsageError(f"unknown config key {clip(key)}{where}; did you mean {close[0]!r}?")
     valid = siblings or [k for k in keys if "." not in k]
-    return UsageError(f"unknown config key {key!r}{where}; valid keys: {', '.join(valid)}")
+    return UsageError(f"unknown config key {clip(key)}{where}; valid keys: {', '.join(valid)}")
 
 
 # ----------------------------------------------------------------------------- typing
 
 
 def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+    return f"{clip(value)} ({type(value).__name__})"
 
 
 def _convert_number(value: Any, tp: type, key: str, where: str) -> Any:
@@ -101,7 +103,7 @@ def _convert_number(value: Any, tp: type, key: str, where: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise UsageError(f"{key} must be a float{where}, got {_describe(value)}")
     if not math.isfinite(value):
-        raise UsageError(f"{key} must be a finite number{where}, got {value!r}")
+        raise UsageError(f"{key} must be a finite number{where}, got {clip(value)}")
     return float(value)
 
 
@@ -116,7 +118,7 @@ def _convert_mapping(value: Any, key: str, where: str) -> FrozenMapping:
         if not isinstance(k, str) or not isinstance(v, int | float | str | bool):
             raise UsageError(
                 f"{key} entries must map a name to a number, string or bool{where}, "
-                f"got {k!r}: {_describe(v)}"
+                f"got {clip(k)}: {_describe(v)}"
             )
     return tuple(sorted(value.items()))
 
@@ -231,49 +233,6 @@ def format_config(cfg: Any) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
-    """The top-level mapping of the YAML file ``path`` (``{}`` for an empty file)."""
-    if not os.path.isfile(path):
-        what = "is a directory" if os.path.isdir(path) else "not found"
-        raise UsageError(f"config file {path!r} {what}; pass the path of a YAML file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        problem = (e.problem or e.context or "invalid YAML").strip()
-        raise UsageError(f"YAML syntax error in {path}{line}: {problem}; fix the file") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"cannot parse YAML file {path}: {e}; fix the file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read config file {path}: {e}") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise UsageError(
-            f"config file {path} must hold a mapping of config keys, got {type(raw).__name__}"
-        )
-    return raw
-
-
-def _parse_override(override: str) -> tuple[str, Any]:
-    if not isinstance(override, str) or "=" not in override:
-        raise UsageError(
-            f"override {override!r} has no '='; write it as key=value, e.g. train.steps=3"
-        )
-    key, _, text = override.partition("=")
-    key = key.strip()
-    if not key:
-        raise UsageError(f"override {override!r} has an empty key; write it as key=value")
-    try:
-        return key, yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise UsageError(
-            f"cannot parse the value of override {override!r} as YAML; quote it, e.g. {key}='...'"
-        ) from None
-
-
 def _apply_override(data: dict[str, Any], override: str, root: type) -> None:
     """Sets the dotted key of ``override`` (``"a.b=value"``) in the nested dict ``data``.
 
@@ -281,7 +240,7 @@ def _apply_override(data: dict[str, Any], override: str, root: type) -> None:
     `FrozenMapping` field (``task.difficulty.digits=3``) set one entry.  Value
     types are checked later by `build`.
     """
-    key, value = _parse_override(override)
+    key, value = safe_yaml.parse_override(override)
     parts = key.split(".")
     node_tp: Any = root
     node = data
@@ -295,7 +254,7 @@ def _apply_override(data: dict[str, Any], override: str, root: type) -> None:
         else:
             parent = ".".join(parts[:i])
             raise UsageError(
-                f"config key {parent!r} is a value, not a section; write {parent}=VALUE"
+                f"config key {clip(parent)} is a value, not a section; write {cut(parent)}=VALUE"
             )
         if i == len(parts) - 1:
             old = node.get(part)
@@ -328,7 +287,7 @@ def load_yaml(
     cfg = root()
     if path is not None:
         path = os.fspath(path)
-        cfg = build(root, _read_yaml(path), f" in {path}")
+        cfg = build(root, safe_yaml.read_mapping(path), f" in {cut(path)}")
     if overrides:
         data = config_to_dict(cfg)
         for override in overrides:

@@ -10,6 +10,7 @@ from typing import Any
 from ais_jax import layout
 from ais_jax.errors import CheckpointError
 from ais_jax.model import ModelConfig
+from ais_jax.safe_yaml import clip as _clip
 
 _HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _ARCH_CLASS = {v: k for k, v in _HF_ARCHS.items()}
@@ -28,7 +29,7 @@ def _eos_ids(value: Any, where: str) -> tuple[int, ...]:
     values = value if isinstance(value, list | tuple) else [value]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise CheckpointError(f"{where} eos_token_id must be an int or a list of ints, "
-                              f"got {value!r}")
+                              f"got {_clip(value)}")
     return tuple(dict.fromkeys(values))
 
 
@@ -111,10 +112,11 @@ def model_config_from_hf(config: dict) -> ModelConfig:
                               "only 'silu' is")
     c = {**_FAMILY_DEFAULTS[arch], **config}  # keys absent from config.json take class defaults
 
-    def need(name: str) -> int:
+    def need(name: str) -> int:  # every int field read this way is a size: >= 1
         v = c.get(name)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise CheckpointError(f"config.json field {name!r} must be an int, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise CheckpointError(f"config.json field {name!r} must be a positive int, got "
+                                  f"{_clip(v)}")
         return v
 
     heads = need("num_attention_heads")
@@ -140,10 +142,10 @@ def model_config_from_hf(config: dict) -> ModelConfig:
             eos_token_ids=eos, pad_token_id=c.get("pad_token_id"),
             **_rope_fields(config, max_pos),
         )
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         if isinstance(e, CheckpointError):
             raise
-        raise CheckpointError(f"config.json is inconsistent: {e}") from None
+        raise CheckpointError(f"config.json is inconsistent: {_clip(str(e), 200)}") from None
 
 
 def hf_config_from_model_config(cfg: ModelConfig, dtype: str = "bfloat16") -> dict:
@@ -252,11 +254,12 @@ def model_config_from_gguf(
         v = metadata(key)
         return default if v is None else v
 
-    def need(key: str) -> int:
+    def need(key: str) -> int:  # every int key read this way is a size: >= 1
         v = field(key)
-        if not isinstance(v, int):
-            raise CheckpointError(f"{path} lacks the integer GGUF key {key!r}; re-convert it with "
-                                  "llama.cpp's convert_hf_to_gguf.py")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise CheckpointError(f"{path} lacks the integer GGUF key {key!r} (a size >= 1, got "
+                                  f"{_clip(v)}); re-convert it with llama.cpp's "
+                                  "convert_hf_to_gguf.py")
         return v
 
     arch = field("general.architecture")
@@ -298,8 +301,9 @@ def model_config_from_gguf(
         )
     except CheckpointError:
         raise
-    except (TypeError, KeyError, ValueError) as e:
-        raise CheckpointError(f"{path} lacks or has invalid {arch}.* hyperparameters ({e}); "
+    except (TypeError, KeyError, ValueError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path} lacks or has invalid {arch}.* hyperparameters "
+                              f"({_clip(str(e), 200)}); "
                               "re-convert it with llama.cpp's convert_hf_to_gguf.py") from None
 
 

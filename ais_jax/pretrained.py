@@ -47,8 +47,13 @@ def _assemble(
     source: str,
     dtype: Any,
     ignore: Callable[[str], bool] = lambda n: False,
+    check_finite: bool = True,
 ) -> dict:
-    """Build the stacked params tree from per-tensor ``get(name)`` lookups, checking shapes."""
+    """Build the stacked params tree from per-tensor ``get(name)`` lookups, checking shapes.
+
+    With ``check_finite`` a NaN or infinite value (also one made by the cast to
+    ``dtype``) is a `CheckpointError` naming the tensor.
+    """
     table = layout.param_table(cfg)
     np_dtype = np.dtype(jnp.dtype(dtype))
     used: set[str] = set()
@@ -63,7 +68,11 @@ def _assemble(
             raise CheckpointError(f"tensor {name!r} in {source} has shape {tuple(arr.shape)} but "
                                   f"the config implies {shape}; fix the config to match them")
         used.add(name)
-        return arr.astype(np_dtype)
+        with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+            out = arr.astype(np_dtype)
+        if check_finite:
+            _check_finite(out, name, source)
+        return out
 
     layers = table.pop("layers")
     params: dict[str, Any] = {k: jnp.asarray(fetch(k, None, info.shape(cfg)))
@@ -80,17 +89,49 @@ def _assemble(
     return params
 
 
+def _check_finite(arr: np.ndarray, name: str, source: str) -> None:
+    if np.issubdtype(arr.dtype, np.integer) or bool(np.isfinite(arr).all()):
+        return
+    bad = int(np.count_nonzero(~np.isfinite(arr)))
+    raise CheckpointError(f"tensor {name!r} in {source} holds {bad} non-finite values (NaN or "
+                          f"inf) of {arr.size}; the weights are corrupt (re-download or "
+                          "re-export them) or overflow the load dtype")
+
+
+def _shard_files(path: str, index: str, weight_map: Any) -> dict[str, str]:
+    """Tensor name -> shard path from an index's ``weight_map``; shards stay inside ``path``.
+
+    The check is on the names (no absolute path, no ``..`` component), made before any
+    shard is opened; symlinks inside the directory (the HF hub cache) are followed.
+    """
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no 'weight_map' object; re-export the checkpoint")
+    files = {}
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise CheckpointError(f"{index} maps tensor {str(tensor)[:80]!r} to "
+                                  f"{str(shard)[:80]!r}, not a file name; re-export it")
+        norm = os.path.normpath(shard)
+        if os.path.isabs(shard) or norm == ".." or norm.startswith(".." + os.sep):
+            raise CheckpointError(f"{index} names the shard {shard[:120]!r} outside the model "
+                                  "directory; refusing to open it (shards must be relative "
+                                  "paths inside the directory)")
+        files[tensor] = os.path.join(path, norm)
+    return files
+
+
 def _read_json(path: str) -> Any:
     if not os.path.isfile(path):
         raise CheckpointError(f"{path} not found; an HF checkpoint directory needs a config.json")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); repair or re-export it") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, huge ints
+        raise CheckpointError(f"{path} is not valid JSON ({str(e)[:200]}); repair or re-export "
+                              "it") from None
 
 
-def _load_hf_dir(path: str, dtype: Any) -> tuple[dict, ModelConfig]:
+def _load_hf_dir(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelConfig]:
     from safetensors import safe_open
 
     cfg = model_config_from_hf(_read_json(os.path.join(path, "config.json")))
@@ -99,10 +140,9 @@ def _load_hf_dir(path: str, dtype: Any) -> tuple[dict, ModelConfig]:
         cfg = merge_generation_eos(cfg, _read_json(gen_path), gen_path)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map' object; re-export the checkpoint")
-        files = {n: os.path.join(path, f) for n, f in weight_map.items()}
+        data = _read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        files = _shard_files(path, index, weight_map)
     else:
         found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
         if len(found) != 1:
@@ -134,7 +174,8 @@ def _load_hf_dir(path: str, dtype: Any) -> tuple[dict, ModelConfig]:
             return name.endswith("rotary_emb.inv_freq") or (
                 name == layout.hf_name("lm_head") and cfg.tie_embeddings)
 
-        params = _assemble(cfg, get, list(files), layout.hf_name, f"{path}", dtype, ignore)
+        params = _assemble(cfg, get, list(files), layout.hf_name, f"{path}", dtype, ignore,
+                           check_finite)
     return params, cfg
 
 
@@ -147,7 +188,7 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _load_gguf(path: str, dtype: Any) -> tuple[dict, ModelConfig]:
+def _load_gguf(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelConfig]:
     import gguf
 
     try:
@@ -175,10 +216,13 @@ def _load_gguf(path: str, dtype: Any) -> tuple[dict, ModelConfig]:
             w = _unpermute_rope(w, cfg.num_kv_heads)
         return w
 
-    return _assemble(cfg, get, list(tensors), layout.gguf_name, path, dtype), cfg
+    return _assemble(cfg, get, list(tensors), layout.gguf_name, path, dtype,
+                     check_finite=check_finite), cfg
 
 
-def load_pretrained(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple[dict, ModelConfig]:
+def load_pretrained(
+    path: str | os.PathLike, dtype: Any = jnp.bfloat16, *, check_finite: bool = True
+) -> tuple[dict, ModelConfig]:
     """Load params and config from an HF directory or a ``.gguf`` file.
 
     Args:
@@ -188,6 +232,8 @@ def load_pretrained(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple
         undone).  A directory holding a single ``.gguf`` and no config.json
         loads that file.
       dtype: dtype of every params leaf.
+      check_finite: refuse weights holding NaN or inf after the cast to
+        ``dtype`` (one pass over each tensor); False skips the check.
 
     Returns:
       ``(params, cfg)``: params in the layout of `ais_jax.model` (see its
@@ -196,16 +242,17 @@ def load_pretrained(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple
 
     Raises:
       CheckpointError: missing path or files, malformed config, unsupported
-        architecture, or weights that do not match the config.
+        architecture, weights that do not match the config, non-finite
+        weights, or an index naming shards outside the directory.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         ggufs = glob.glob(os.path.join(path, "*.gguf"))
         if not os.path.exists(os.path.join(path, "config.json")) and len(ggufs) == 1:
-            return _load_gguf(ggufs[0], dtype)
-        return _load_hf_dir(path, dtype)
+            return _load_gguf(ggufs[0], dtype, check_finite)
+        return _load_hf_dir(path, dtype, check_finite)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return _load_gguf(path, dtype)
+        return _load_gguf(path, dtype, check_finite)
     if os.path.isfile(path):
         raise CheckpointError(f"{path} is neither a .gguf file nor a directory; pass an HF "
                               "checkpoint directory or a .gguf file")
@@ -220,7 +267,8 @@ def save_pretrained(params: dict, cfg: ModelConfig, out_dir: str | os.PathLike) 
     result; tensors keep the params' dtype, and ``lm_head`` is omitted when tied.
 
     Raises:
-      CheckpointError: for FP8 rollout params, or a params tree that does not match ``cfg``.
+      CheckpointError: for FP8 rollout params, a params tree that does not match ``cfg``, or
+        non-finite values (nothing is written then).
     """
     from safetensors.numpy import save_file
 
@@ -243,6 +291,12 @@ def save_pretrained(params: dict, cfg: ModelConfig, out_dir: str | os.PathLike) 
     for key, value in host["layers"].items():
         for i in range(cfg.num_layers):
             out[layout.hf_name(key, i)] = np.ascontiguousarray(value[i])
+    for name, value in out.items():
+        bad = int(value.size - np.count_nonzero(np.isfinite(value.astype(np.float32))))
+        if bad:
+            raise CheckpointError(f"refusing to export {out_dir}: tensor {name!r} holds {bad} "
+                                  "non-finite values; the checkpoints in the run directory are "
+                                  "kept")
     dtypes = {str(v.dtype) for v in out.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
     os.makedirs(out_dir, exist_ok=True)

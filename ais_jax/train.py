@@ -19,15 +19,19 @@ or sets ``AIS_JAX_COORDINATOR=host:port``, ``AIS_JAX_NUM_PROCESSES`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from ais_jax import runguard
 from ais_jax.errors import UsageError
 
 
@@ -43,7 +47,26 @@ class RunResult:
 
 
 def run(cfg: Any) -> RunResult:
-    """Run (or resume) the training job described by ``cfg`` (an `ais_jax.config.Config`)."""
+    """Run (or resume) the training job described by ``cfg`` (an `ais_jax.config.Config`).
+
+    Raises:
+      UsageError: bad input, ``out_dir`` in use by another run (`ais_jax.runguard`),
+        or a resume under a changed config.
+      runguard.Interrupted: SIGTERM / SIGINT during the GRPO loop; the step in
+        flight was finished and checkpointed.
+    """
+    import jax
+
+    from ais_jax import runtime
+
+    runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
+    is_main = jax.process_index() == 0
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    with runguard.RunLock(cfg.out_dir) if is_main else contextlib.nullcontext():
+        return _run_locked(cfg, is_main)
+
+
+def _run_locked(cfg: Any, is_main: bool) -> RunResult:
     import jax
     import jax.numpy as jnp
 
@@ -54,45 +77,56 @@ def run(cfg: Any) -> RunResult:
     from ais_jax.placement import to_host
     from ais_jax.rl import make_rl_step
 
-    runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
-    out_dir, is_main = cfg.out_dir, jax.process_index() == 0
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir, steps = cfg.out_dir, cfg.train.steps
+    manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    last, meta = runguard.latest_readable_meta(ckpt, manager)
+    if last is not None:
+        runguard.check_resume_config(meta, cfg, last, out_dir)
+        summary = os.path.join(out_dir, "summary.json")
+        if last > steps or (last == steps and os.path.exists(summary)):
+            ckpt.close(manager)
+            return _already_done(cfg, last, meta, summary, metrics_path)
     r = build_run(cfg)
     state = r.state
     evaluate, eval_fn = make_evaluator(r)
     use_ref = cfg.train.beta_kl > 0
     # The KL reference (the policy at GRPO step 0) travels with every checkpoint.
     payload = (lambda s, ref: (s, ref)) if use_ref else (lambda s, ref: s)
-    manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    start, history, ref_params = ckpt.latest_step(manager), [], None
-    if start is not None:
-        restored = ckpt.restore(manager, start, payload(state, state.params))
+    start, ref_params = None, None
+    if last is not None:
+        start, restored, meta = runguard.restore_latest(
+            ckpt, manager, out_dir, payload(state, state.params), is_main)
+        if start != last:
+            runguard.check_resume_config(meta, cfg, start, out_dir)
         state, ref_params = restored if use_ref else (restored, None)
-        meta = ckpt.read_metadata(manager, start)
         eval_before = meta.get("eval_before")
         r.prompt_bucket = int(meta.get("prompt_bucket", r.prompt_bucket))
-        history = _read_history(metrics_path, start)
         print(f"resumed from step {start} in {out_dir}", flush=True)
     else:
         state, eval_before = _before_grpo(r, state, evaluate, is_main)
         ref_params = jax.tree.map(jnp.copy, state.params) if use_ref else None
-        ckpt.save(manager, 0, payload(state, ref_params),
-                  {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
-    if is_main:
-        with open(metrics_path, "w") as f:
-            f.writelines(json.dumps(rec) + "\n" for rec in history)
+    # Complete lines of steps <= start only: a torn line or later steps are dropped.
+    history = runguard.truncate_metrics(metrics_path, start or 0, rewrite=is_main)
+    config = runguard.flat_config(cfg)
 
+    def save(n: int) -> bool:
+        return ckpt.save(manager, n, payload(state, ref_params),
+                         {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket,
+                          "config": config})
+
+    if start is None:
+        save(0)
     writer = _tb_writer(out_dir) if (cfg.log.tensorboard and is_main) else None
     rl_step = make_rl_step(r, ref_params)
     start = start or 0
-    steps = cfg.train.steps
     root = jax.random.key(cfg.seed)
     bar = _progress_fn("grpo", cfg.log.progress and is_main, initial=start, total=steps)
     loop = bar(range(start, steps)) if bar else range(start, steps)
     profiler = runtime.StepProfiler(cfg.runtime, start, is_main, jax.process_index(),
                                     jax.process_count())
-    with profiler:  # the trace is stopped even if a step fails
+    stop = runguard.StopFlag()
+    with profiler, stop.installed():  # the trace is stopped even if a step fails
         for step in profiler.steps(loop):
             t0 = time.perf_counter()
             problems = r.train_problems(0, step, cfg.rollout.prompts_per_step)
@@ -107,12 +141,19 @@ def run(cfg: Any) -> RunResult:
             if is_main:
                 _log(record, metrics_path, writer, loop)
             if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                ckpt.save(manager, step + 1, payload(state, ref_params),
-                          {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
+                save(step + 1)
+            signum = stop.agreed()
+            if signum:  # finish the step, checkpoint it, stop with status 128 + signum
+                save(step + 1)
+                ckpt.close(manager)
+                if writer is not None:
+                    writer.close()
+                raise runguard.Interrupted(signum, (
+                    f"stopped by {signal.Signals(signum).name} after step {step + 1}; checkpoint "
+                    f"saved in {manager.directory}/{step + 1}; rerun the same command to resume"))
     eval_after = evaluate(state.params)
     if cfg.checkpoint.every and steps % cfg.checkpoint.every:
-        ckpt.save(manager, steps, payload(state, ref_params),
-                  {"eval_before": eval_before, "prompt_bucket": r.prompt_bucket})
+        save(steps)
     ckpt.close(manager)
     if writer is not None:
         writer.close()
@@ -124,6 +165,18 @@ def run(cfg: Any) -> RunResult:
     if is_main:
         _finish(cfg, r, final_params, eval_before, eval_after, compiles)
     return RunResult(history, eval_before, eval_after, compiles, None if start == 0 else start)
+
+
+def _already_done(cfg: Any, last: int, meta: dict[str, Any], summary: str,
+                  metrics_path: str) -> RunResult:
+    """The result of a run whose checkpoints reached ``train.steps``; nothing is rewritten."""
+    print(f"{cfg.out_dir} already holds step {last} (train.steps={cfg.train.steps}); nothing to "
+          "do, its results are kept (raise train.steps to train further)", flush=True)
+    after = None
+    with contextlib.suppress(OSError, ValueError), open(summary) as f:
+        after = json.load(f).get("eval_after")
+    history = runguard.truncate_metrics(metrics_path, last, rewrite=False)
+    return RunResult(history, meta.get("eval_before"), after, {}, last)
 
 
 def _before_grpo(r: Any, state: Any, evaluate: Any, is_main: bool) -> tuple[Any, dict]:
@@ -140,18 +193,8 @@ def _before_grpo(r: Any, state: Any, evaluate: Any, is_main: bool) -> tuple[Any,
     return state, eval_before
 
 
-def _read_history(metrics_path: str, upto: int) -> list[dict[str, Any]]:
-    """The logged records of steps ``<= upto`` (a resumed run rewrites the log from them)."""
-    if not os.path.exists(metrics_path):
-        return []
-    with open(metrics_path) as f:
-        return [rec for rec in (json.loads(line) for line in f if line.strip())
-                if rec["step"] <= upto]
-
-
 def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any) -> None:
-    with open(metrics_path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    runguard.append_record(metrics_path, record)  # whole lines, flushed and fsynced
     if writer is not None:
         for name, v in record.items():
             if name != "step" and isinstance(v, float) and math.isfinite(v):
@@ -219,6 +262,9 @@ def _init_distributed(flag: bool) -> None:
         jax.distributed.initialize()
 
 
+_USER_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     ap = argparse.ArgumentParser(
@@ -250,6 +296,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno not in _USER_OS_ERRORS:
+            raise
+        # A full disk, a quota or permissions: the user's to fix; written checkpoints are intact.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}; free space or fix the permissions of "
+              f"{cfg.out_dir if 'cfg' in locals() else 'out_dir'}, then rerun the same command "
+              "to resume from the latest checkpoint", file=sys.stderr)
+        return 2
+    except runguard.Interrupted as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return e.status
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the latest checkpoint",
               file=sys.stderr)

@@ -24,12 +24,16 @@ Chat prompts (``task.chat_messages(problem)``) ask for ``<answer>...</answer>``
 from __future__ import annotations
 
 import difflib
+import inspect
+from collections.abc import Mapping
+from typing import Any
 
+from ais_jax.errors import UsageError
 from ais_jax.tasks import arithmetic, countdown, gsm_synth, sudoku
 from ais_jax.tasks.base import Problem, Task, split_of
 from ais_jax.tasks.evaluate import EvalResult, evaluate, pass_at_k
 from ais_jax.tasks.math_qa import dataset_task, load_jsonl
-from ais_jax.tasks.reasoning_gym_task import reasoning_gym_task
+from ais_jax.tasks.reasoning_gym_task import reasoning_gym_task, task_from_name
 from ais_jax.tasks.rewards import (
     RewardConfig,
     RewardParts,
@@ -46,17 +50,59 @@ TASKS: dict[str, Task] = {
 
 
 def get_task(name: str) -> Task:
-    """The built-in task called ``name``.
+    """The built-in task called ``name``, or the reasoning-gym dataset ``reasoning_gym:<dataset>``.
 
     Raises:
       ValueError: unknown name; the message lists the valid names and the
-        closest match.
+        closest match (a `UsageError` for reasoning-gym names).
     """
     if name in TASKS:
         return TASKS[name]
+    rg_task = task_from_name(str(name))
+    if rg_task is not None:
+        return rg_task
     close = difflib.get_close_matches(str(name), list(TASKS), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = f" Did you mean {close[0]!r}?" if close else " (reasoning-gym: reasoning_gym:<dataset>)"
     raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}.{hint}")
+
+
+def check_task_settings(name: str, difficulty: Mapping[str, Any], mistake_rate: float) -> None:
+    """Check ``task.difficulty`` and ``sft.mistake_rate`` against a built-in task.
+
+    The difficulty is tried by drawing one problem with it: names the
+    generator does not take, values it refuses and values it fails on become
+    one-line errors at config validation, not tracebacks mid-run.  Tasks other
+    than the built-in ones (loaded datasets) are not checked.
+
+    Args:
+      name: the task name; nothing is checked unless it is in ``TASKS``.
+      difficulty: the generator keyword arguments.
+      mistake_rate: ``sft.mistake_rate``; above 0 it needs a task with a ``mistake``.
+
+    Raises:
+      UsageError: a mistake rate the task cannot serve, an unknown keyword
+        (listing the valid ones) or a bad value.
+    """
+    task = TASKS.get(name) or task_from_name(name)
+    if task is None:
+        return
+    if mistake_rate > 0 and getattr(task, "mistake", None) is None:
+        raise UsageError(f"sft.mistake_rate={mistake_rate} needs a task with a typical mistake, "
+                         f"and task {name!r} defines none; set sft.mistake_rate=0")
+    if not difficulty:
+        return
+    params = inspect.signature(task.generate).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        valid = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+        unknown = sorted(k for k in difficulty if k not in valid)
+        if unknown:
+            raise UsageError(f"task.difficulty has {unknown[0][:80]!r}, which task {name} does not "
+                             f"take; valid keys: {', '.join(valid) or 'none'}")
+    try:
+        task.generate(seed=0, n=1, split="train", **difficulty)
+    except Exception as e:  # any failure here is caused by the user's values
+        text = " ".join(str(e).split())[:200]
+        raise UsageError(f"task.difficulty is invalid for task {name}: {text}") from None
 
 
 __all__ = [
@@ -68,6 +114,7 @@ __all__ = [
     "RewardParts",
     "Task",
     "batch_rewards",
+    "check_task_settings",
     "dataset_task",
     "evaluate",
     "get_task",

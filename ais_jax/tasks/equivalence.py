@@ -17,18 +17,27 @@
    (`math_verify_equal`, from the optional ``math-verify`` package), it gets
    the last word.
 
+`answers_match(pred, gold)` is the default checker of the math datasets:
+`answers_equal` with math-verify as the extra verifier when it is installed,
+the built-in rules alone when it is not.  It is thread-safe: off the main
+thread math-verify runs without its ``signal.alarm`` time limits.
+
 Nothing here evaluates model text as code.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import re
+import threading
 from collections.abc import Callable
 from fractions import Fraction
 
 MAX_NUMBER_CHARS = 64  # longer strings are never read as numbers
 MAX_EQUIV_CHARS = 1_024  # longer answers are never equal to anything
+
+_LOG = logging.getLogger(__name__)
 
 _WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _DROP = (
@@ -168,13 +177,32 @@ def answers_equal(
     return bool(extra(pred, gold)) if extra is not None else False
 
 
-def math_verify_equal() -> Callable[[str, str], bool]:
-    """A ``(pred, gold) -> bool`` judge backed by the optional ``math-verify`` package.
+_PLAIN_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
+_PLAIN_POWER = re.compile(r"\^([+-]?[0-9]+(?:\.[0-9]+)?)")
 
-    Untested against the real package (it is not a dependency): written
-    against its documented API, ``math_verify.verify(math_verify.parse(gold),
-    math_verify.parse(pred))``, with both sides wrapped in ``$...$``.  Any
-    exception inside math-verify counts as "not equal".
+
+def _as_latex(s: str) -> str:
+    """Plain-text math read as LaTeX: ``pi`` -> ``\\pi``, ``10^-2`` -> ``10^{-2}``, in ``$..$``."""
+    s = _PLAIN_POWER.sub(r"^{\1}", _PLAIN_PI.sub(r"\\pi ", s.strip()))
+    return f"${s}$"
+
+
+def math_verify_equal() -> Callable[[str, str], bool]:
+    """A thread-safe ``(pred, gold) -> bool`` judge backed by the optional ``math-verify`` package.
+
+    Both sides are read as LaTeX (plain ``pi`` and ``a^-2`` are rewritten
+    first) and compared with ``math_verify.verify(parse(gold), parse(pred))``.
+    On the main thread math-verify's own default time limits apply (they use
+    ``signal.alarm``); on any other thread they are switched off
+    (``parsing_timeout=None``, ``timeout_seconds=None``), since signals only
+    work on the main thread.  The length cap `MAX_EQUIV_CHARS`, applied by
+    `answers_equal`, bounds the work there.  Text math-verify cannot parse
+    is "not equal" (math-verify logs it at debug level); any other error is
+    logged as a warning with its traceback and counts as "not equal", so one
+    malformed completion cannot stop a training run.
+
+    Returns:
+      The judge.
 
     Raises:
       ImportError: math-verify is not installed.
@@ -188,12 +216,49 @@ def math_verify_equal() -> Callable[[str, str], bool]:
         ) from e
 
     def equal(pred: str, gold: str) -> bool:
+        # math-verify's defaults (signal.alarm time limits) on the main thread, none elsewhere
+        main = threading.current_thread() is threading.main_thread()
+        parse_kw = {} if main else {"parsing_timeout": None}
+        verify_kw = {} if main else {"timeout_seconds": None}
         try:
-            return bool(mv.verify(mv.parse(f"${gold}$"), mv.parse(f"${pred}$")))
+            gold_parsed = mv.parse(_as_latex(gold), **parse_kw)
+            pred_parsed = mv.parse(_as_latex(pred), **parse_kw)
+            if not gold_parsed or not pred_parsed:
+                return False
+            return bool(mv.verify(gold_parsed, pred_parsed, **verify_kw))
         except Exception:
+            _LOG.warning(
+                "math-verify failed on pred=%.80r gold=%.80r; counted as not equal",
+                pred, gold, exc_info=True,
+            )  # fmt: skip
             return False
 
     return equal
+
+
+def _default_judge() -> Callable[[str, str], bool] | None:
+    """`math_verify_equal` when math-verify is installed, else None (built-in rules only)."""
+    try:
+        return math_verify_equal()
+    except ImportError:
+        return None
+
+
+def answers_match(pred: str | None, gold: str) -> bool:
+    """Whether ``pred`` equals the reference ``gold``: the checker for math datasets.
+
+    The built-in rules of `answers_equal` first, then, only if they say
+    "different" and ``math-verify`` is installed, math-verify
+    (`math_verify_equal`).  Safe to call from any thread.
+
+    Args:
+      pred: the extracted answer (None: no answer, never equal).
+      gold: the reference answer.
+
+    Returns:
+      True when the answers are equivalent.
+    """
+    return answers_equal(pred, gold, extra=_default_judge())
 
 
 def resolve_equivalence(equivalence: str) -> Callable[[str, str], bool] | None:
@@ -209,10 +274,7 @@ def resolve_equivalence(equivalence: str) -> Callable[[str, str], bool] | None:
     if equivalence == "math_verify":
         return math_verify_equal()
     if equivalence == "auto":
-        try:
-            return math_verify_equal()
-        except ImportError:
-            return None
+        return _default_judge()
     raise ValueError(
         f"equivalence must be 'auto', 'builtin' or 'math_verify', got {equivalence!r}."
     )

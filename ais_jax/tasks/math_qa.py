@@ -9,7 +9,9 @@ File formats (one JSON object per line; blank lines are skipped):
   (MATH500, AIME, AMC, OlympiadBench style; a number or a string).  When both
   are present ``answer`` wins.
 
-A malformed row raises ``ValueError("<file>:<line>: <what is wrong>")``.
+A malformed row (non-finite numeric answers such as ``1e400`` included) raises
+``UsageError("<file>:<line>: <what is wrong>")`` (a ``ValueError``); the CLI
+prints it as one line and exits 2.
 
 Final-answer extraction from a completion (`extract`), first hit wins:
 
@@ -31,12 +33,14 @@ and "put your final answer within \\boxed{}".
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ais_jax.errors import UsageError
 from ais_jax.tasks import base
 from ais_jax.tasks.equivalence import answers_equal, resolve_equivalence
 from ais_jax.tasks.extract import after_hashes, answer_is, last_boxed, last_number, last_tag
@@ -106,6 +110,8 @@ def _answer_field(row: Mapping[str, Any]) -> str:
     value = row["answer"]
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"field 'answer' must be a string or a number, got {value!r:.80}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"field 'answer' must be a finite number, got {value}")
     text = str(value).strip()
     if not text:
         raise ValueError("field 'answer' is empty")
@@ -158,39 +164,41 @@ def load_jsonl(path: str | Path, fmt: str = "auto") -> list[base.Problem]:
       The problems, in file order.
 
     Raises:
-      ValueError: unknown ``fmt``, an empty file, or a malformed row; the
-        message starts with ``"<path>:<line>:"``.
+      ValueError: unknown ``fmt``.
+      UsageError: (a ``ValueError``) an empty file or a malformed row; the
+        message of a row starts with ``"<path>:<line>:"``.
       OSError: the file cannot be read.
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}.")
     path = Path(path)
-    problems = []
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({e.reason}).") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{path}:{lineno}: invalid JSON ({e.msg}, column {e.colno})."
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(
-                    f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}."
-                )
-            try:
-                problems.append(_row_problem(row, fmt, str(path), lineno))
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: {e}.") from None
+        problems = [p for n, raw in enumerate(f, start=1) if (p := _line(raw, n, path, fmt))]
     if not problems:
-        raise ValueError(f"{path}: no problems found (empty file).")
+        raise UsageError(f"{path}: no problems found (empty file).")
     return problems
+
+
+def _line(raw: bytes, lineno: int, path: Path, fmt: str) -> base.Problem | None:
+    """The problem of one JSONL line (None for a blank line); UsageError naming path:line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}:{lineno}: not valid UTF-8 ({e.reason}).") from None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}:{lineno}: invalid JSON ({e.msg}, column {e.colno}).") from None
+    except (ValueError, RecursionError) as e:  # an int of > 4300 digits, deep nesting
+        raise UsageError(f"{path}:{lineno}: unreadable JSON ({str(e)[:120]}).") from None
+    if not isinstance(row, dict):
+        raise UsageError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
+    try:
+        return _row_problem(row, fmt, str(path), lineno)
+    except ValueError as e:
+        raise UsageError(f"{path}:{lineno}: {e}.") from None
 
 
 def _pool_generator(
