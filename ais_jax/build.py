@@ -42,6 +42,7 @@ class Run:
     state: optim.TrainState  # the initial state, laid out with fns.state_shardings
     eval_problems: list[Any]
     prompt_bucket: int  # P: prompt length every batch is left-padded to
+    rewards: tuple[Any, ...] = ()  # ais_jax.user_rewards.UserReward: reward functions
 
     def train_problems(self, stream: int, step: int, n: int) -> list[Any]:
         """``n`` training problems of ``stream`` (0: RL, 1: warm start) at ``step``; seeded."""
@@ -54,12 +55,20 @@ def problems_at(cfg: Config, task: Any, stream: int, step: int, n: int) -> list[
     return task.generate(seed=seed, n=n, split="train", **dict(cfg.task.difficulty))
 
 
-def build_task(cfg: Config) -> Any:
-    """The config's task; ``gsm8k`` / ``math`` read ``task.train_file`` / ``task.eval_file``."""
+def build_task(cfg: Config, dataset: Any = None) -> Any:
+    """The config's task; ``gsm8k`` / ``math`` read ``task.train_file`` / ``task.eval_file``.
+
+    ``task.name=dataset`` (or ``dataset`` given: dict rows or a ``datasets.Dataset``,
+    used as the training rows) builds `ais_jax.tasks.user_dataset.task_from_config`.
+    """
     from ais_jax.tasks import TASKS, dataset_task, get_task, load_jsonl
 
     name = cfg.task.name
-    if name in TASKS:
+    if dataset is not None or name == "dataset":
+        from ais_jax.tasks.user_dataset import task_from_config
+
+        task = task_from_config(cfg.task, dataset)
+    elif name in TASKS:
         task = get_task(name)
     elif name in ("gsm8k", "math"):
         if not cfg.task.train_file:
@@ -192,11 +201,19 @@ def build_optimizers(cfg: Config) -> tuple[optax.GradientTransformation,
     return optimizer, sft_opt
 
 
-def build_run(cfg: Config) -> Run:
-    """Build every piece of the run ``cfg`` describes (programs compile on first call)."""
-    from ais_jax.placement import place
+def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
+    """Build every piece of the run ``cfg`` describes (programs compile on first call).
 
-    task = build_task(cfg)
+    Args:
+      cfg: the config.
+      reward_fns: extra reward callables (`ais_jax.user_rewards.build_rewards`).
+      dataset: training rows replacing ``task.train_file`` (`build_task`).
+    """
+    from ais_jax.placement import place
+    from ais_jax.user_rewards import build_rewards
+
+    task = build_task(cfg, dataset)
+    rewards = build_rewards(cfg.reward, reward_fns)
     mesh = build_mesh(cfg)
     params, model_cfg, codec = build_model(cfg, task)
     if cfg.model.param_dtype == "bfloat16":
@@ -211,4 +228,4 @@ def build_run(cfg: Config) -> Run:
     fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
     state = place(state, fns.state_shardings)
     return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
-               bucket_length(longest + 4, pow2_max=0))
+               bucket_length(longest + 4, pow2_max=0), rewards)

@@ -7,7 +7,7 @@
     batch    = fns.rollout(state.params, prompts, rollout_key)     # G samples per prompt
     logp_old = fns.score(state.params, batch)                      # dispatched, overlaps host
     texts    = codec.decode(batch.tokens, batch.mask)              # host
-    rewards  = task verifier (once per completion)                 # host, [Pn, G]
+    rewards  = task verifier (once per completion) + user rewards  # host, [Pn, G]
     state, m = fns.update(state, batch, rewards, update_key, ref, logp_old)  # AIS, GRPO
 
 ``record`` holds the training accuracy (share of verified completions) and
@@ -30,6 +30,7 @@ from ais_jax.optim import TrainState
 from ais_jax.placement import to_global, to_host
 from ais_jax.sampler import bucket_length
 from ais_jax.tasks import RewardConfig, score_batch
+from ais_jax.user_rewards import score_rewards
 
 
 def grow_prompt_bucket(run: Run, longest: int) -> int:
@@ -62,7 +63,9 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
     """The run's RL step; ``ref_params`` is the KL reference policy (None: no KL term)."""
     cfg, codec, fns = run.cfg, run.codec, run.fns
     G = cfg.rollout.group_size
-    reward_cfg = RewardConfig(format_weight=cfg.train.reward_format_weight)
+    reward_cfg = RewardConfig(correct_weight=cfg.reward.task_weight,
+                              format_weight=cfg.train.reward_format_weight)
+    weights = np.asarray([r.weight for r in run.rewards], np.float32)
     sh = fns.batch_sharding
 
     def rl_step(state: TrainState, problems: Sequence[Any],
@@ -87,12 +90,16 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         logp_old = None if fns.score is None else fns.score(state.params, batch)
         toks, msk = to_host(batch.tokens), to_host(batch.mask)
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
-        rewards, correct = score_batch(run.task, texts, [p for p in problems for _ in range(G)],
-                                       reward_cfg)
+        flat = [p for p in problems for _ in range(G)]
+        rewards, correct = score_batch(run.task, texts, flat, reward_cfg)
+        user = score_rewards(run.rewards, texts, flat)  # [B, F] unweighted, checked
+        rewards = rewards + user @ weights if run.rewards else rewards
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
         state, met = fns.update(state, batch, rewards_g, ukey, ref_params, logp_old)
         record = {"accuracy": float(np.mean(correct))}
         record.update({k: float(v) for k, v in jax.device_get(met).items()})
+        record.update({f"reward/{r.name}": float(user[:, j].mean())
+                       for j, r in enumerate(run.rewards)})
         return state, record
 
     return rl_step

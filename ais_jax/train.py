@@ -46,8 +46,16 @@ class RunResult:
     resumed_from: int | None
 
 
-def run(cfg: Any) -> RunResult:
+def run(cfg: Any, reward_fns: Any = None, dataset: Any = None) -> RunResult:
     """Run (or resume) the training job described by ``cfg`` (an `ais_jax.config.Config`).
+
+    Args:
+      cfg: the config.
+      reward_fns: extra reward functions ``fn(completion, prompt, row) -> float``
+        besides ``reward.functions``: a mapping name -> fn or a list (named by
+        ``__name__``); ``reward.weights`` applies (`ais_jax.user_rewards`).
+      dataset: training rows (a list of dicts or a ``datasets.Dataset``) for the
+        dataset task, replacing ``task.train_file`` (`ais_jax.tasks.user_dataset`).
 
     Raises:
       UsageError: bad input, ``out_dir`` in use by another run (`ais_jax.runguard`),
@@ -63,10 +71,11 @@ def run(cfg: Any) -> RunResult:
     is_main = jax.process_index() == 0
     os.makedirs(cfg.out_dir, exist_ok=True)
     with runguard.RunLock(cfg.out_dir) if is_main else contextlib.nullcontext():
-        return _run_locked(cfg, is_main)
+        return _run_locked(cfg, is_main, reward_fns, dataset)
 
 
-def _run_locked(cfg: Any, is_main: bool) -> RunResult:
+def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
+                dataset: Any = None) -> RunResult:
     import jax
     import jax.numpy as jnp
 
@@ -87,7 +96,7 @@ def _run_locked(cfg: Any, is_main: bool) -> RunResult:
         if last > steps or (last == steps and os.path.exists(summary)):
             ckpt.close(manager)
             return _already_done(cfg, last, meta, summary, metrics_path)
-    r = build_run(cfg)
+    r = build_run(cfg, reward_fns, dataset)
     state = r.state
     evaluate, eval_fn = make_evaluator(r)
     use_ref = cfg.train.beta_kl > 0
