@@ -195,6 +195,15 @@ class LogSection:
 
     tensorboard: bool = True  # write TensorBoard event files to out_dir
     progress: bool = True  # show a progress bar on stderr
+    # trackers, comma-separated: jsonl (always written), tensorboard (also needs
+    # log.tensorboard), wandb, trackio; each gets the metrics.jsonl records
+    backends: str = "jsonl,tensorboard"
+    wandb_project: str = "ais_jax"  # wandb / trackio project name
+    wandb_mode: str = "offline"  # offline | online (a set WANDB_MODE wins); offline syncs later
+    # write out_dir/completions.jsonl (prompt, completion, reward, log-ratio stats) every
+    # this many RL steps, 0 = never; such a step runs an extra trainer forward for logp_old
+    completions_every: int = 0
+    completions_rows: int = 16  # completions kept per logged step (the first ones), 0 = all
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,7 @@ def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: An
     t0 = time.perf_counter()
     # The run's update program: logp_old comes from the score program (a forward of the
     # same rows, smaller than the update) unless the update takes it from its own forward.
-    logp_old = None if fns.score is None else sds((B, N), jnp.float32)
+    logp_old = sds((B, N), jnp.float32) if fns.score_for_update else None
     upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref,
                            logp_old).compile()
     out["update"] = _memory(upd, time.perf_counter() - t0)

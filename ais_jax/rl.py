@@ -6,9 +6,14 @@
     prompts  = codec.encode_batch(problems, P)                     # [Pn, P] left-padded (P grows)
     batch    = fns.rollout(state.params, prompts, rollout_key)     # G samples per prompt
     logp_old = fns.score(state.params, batch)                      # dispatched, overlaps host
+                                                                   # (when needed, see below)
     texts    = codec.decode(batch.tokens, batch.mask)              # host
     rewards  = task verifier (once per completion) + user rewards  # host, [Pn, G]
     state, m = fns.update(state, batch, rewards, update_key, ref, logp_old)  # AIS, GRPO
+
+When the update takes ``logp_old`` from its own forward (``fns.score_for_update``
+False), ``fns.score`` runs only on steps given ``on_samples`` (the completions
+table, `ais_jax.trackers`), which receives the step's per-row samples.
 
 ``record`` holds the training accuracy (share of verified completions) and
 every metric of the update (docs/spec.md section 5: reward, d_bar, ESS ratio,
@@ -30,6 +35,7 @@ from ais_jax.optim import TrainState
 from ais_jax.placement import to_global, to_host
 from ais_jax.sampler import bucket_length
 from ais_jax.tasks import RewardConfig, score_batch
+from ais_jax.trackers import ratio_stats
 from ais_jax.user_rewards import score_rewards
 
 
@@ -56,7 +62,9 @@ def grow_prompt_bucket(run: Run, longest: int) -> int:
     return run.prompt_bucket
 
 
-RLStep = Callable[[TrainState, Sequence[Any], jax.Array], tuple[TrainState, dict[str, float]]]
+RLStep = Callable[..., tuple[TrainState, dict[str, float]]]
+# on_samples(prompts, completions, rewards [B], ratio_stats): one step's rows, on the host
+OnSamples = Callable[[list[str], list[str], np.ndarray, dict[str, np.ndarray]], None]
 
 
 def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
@@ -68,14 +76,17 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
     weights = np.asarray([r.weight for r in run.rewards], np.float32)
     sh = fns.batch_sharding
 
-    def rl_step(state: TrainState, problems: Sequence[Any],
-                key: jax.Array) -> tuple[TrainState, dict[str, float]]:
+    def rl_step(state: TrainState, problems: Sequence[Any], key: jax.Array,
+                on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
         """Sample G completions for each of ``problems``, score them, update ``state``.
 
         Args:
           state: the train state (donated to the update).
           problems: ``Pn`` task problems (``rollout.prompts_per_step``).
           key: this step's PRNG key (split into rollout and update keys).
+          on_samples: called with this step's prompts, completions, rewards and
+            `ais_jax.trackers.ratio_stats` (an extra logp_old forward when the
+            update does not need one); None: nothing extra.
 
         Returns:
           ``(new_state, record)``: ``record`` maps metric names to floats.
@@ -86,8 +97,9 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         pt, pm = codec.pad(seqs, run.prompt_bucket)
         batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
         # Dispatched now, so the trainer's logp_old forward runs while the host
-        # decodes and verifies (None: the update takes it from its own forward).
-        logp_old = None if fns.score is None else fns.score(state.params, batch)
+        # decodes and verifies (unless the update takes it from its own forward).
+        need = fns.score_for_update or on_samples is not None
+        logp_old = fns.score(state.params, batch) if need else None
         toks, msk = to_host(batch.tokens), to_host(batch.mask)
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
         flat = [p for p in problems for _ in range(G)]
@@ -95,7 +107,11 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         user = score_rewards(run.rewards, texts, flat)  # [B, F] unweighted, checked
         rewards = rewards + user @ weights if run.rewards else rewards
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
-        state, met = fns.update(state, batch, rewards_g, ukey, ref_params, logp_old)
+        if on_samples is not None:  # before the update: state is donated to it
+            stats = ratio_stats(to_host(logp_old), to_host(batch.logp), msk)
+            on_samples([codec.prompt_text(p) for p in flat], texts, rewards, stats)
+        state, met = fns.update(state, batch, rewards_g, ukey, ref_params,
+                                logp_old if fns.score_for_update else None)
         record = {"accuracy": float(np.mean(correct))}
         record.update({k: float(v) for k, v in jax.device_get(met).items()})
         record.update({f"reward/{r.name}": float(user[:, j].mean())

@@ -141,12 +141,14 @@ class StepFns(NamedTuple):
     """Compiled step functions and the shardings they were built with."""
 
     rollout: Any  # (params, prompt_tokens, prompt_mask, key) -> RolloutBatch
-    # (params, batch) -> logp_old [B, N]; None when the update takes it from its own forward
+    # (params, batch) -> logp_old [B, N]; always built (compiled on its first call)
     score: Any
     update: Any  # (state, batch, rewards, key, ref_params) -> (state, metrics)
     sft: Any  # (params, opt_state, tokens, loss_mask) -> (params, opt_state, metrics)
     state_shardings: Any
     batch_sharding: Any
+    # whether the update needs ``score``'s logp_old (False: it takes it from its own forward)
+    score_for_update: bool = True
 
 
 def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
@@ -184,10 +186,10 @@ def build_step_fns(
     ref_sh = st_sh.params if cfg.train.beta_kl > 0 else None
     update_jit = jax.jit(update_fn, in_shardings=(st_sh, rollout_sh, b2, rep, ref_sh, b2),
                          out_shardings=(st_sh, rep), donate_argnums=(0,))
-    score_jit = None
-    if not single_forward(cfg):
-        score_jit = jax.jit(lambda params, batch: score(params, batch, model_cfg, cfg, mesh),
-                            in_shardings=(st_sh.params, rollout_sh), out_shardings=b2)
+    # Built always (jit is lazy): the completions table scores logp_old even when the
+    # update takes it from its own forward.
+    score_jit = jax.jit(lambda params, batch: score(params, batch, model_cfg, cfg, mesh),
+                        in_shardings=(st_sh.params, rollout_sh), out_shardings=b2)
     sft_jit = None
     if sft_optimizer is not None:
         def sft_fn(params, opt_state, tokens, loss_mask):
@@ -199,4 +201,5 @@ def build_step_fns(
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
         sft_jit = jax.jit(sft_fn, donate_argnums=(0, 1))
-    return StepFns(rollout_jit, score_jit, update_jit, sft_jit, st_sh, b2)
+    return StepFns(rollout_jit, score_jit, update_jit, sft_jit, st_sh, b2,
+                   not single_forward(cfg))

@@ -3,7 +3,9 @@
 The only module that does I/O: it builds the run (`ais_jax.build`), runs the
 optional supervised warm start (`ais_jax.warmstart`), then the GRPO loop, one
 `ais_jax.rl` step at a time; logs every step to ``out_dir/metrics.jsonl`` (and
-TensorBoard), evaluates (`ais_jax.evaluation`), checkpoints every
+the ``log.backends`` trackers: TensorBoard, wandb, trackio; `ais_jax.trackers`),
+and every ``log.completions_every`` steps sampled completions to
+``out_dir/completions.jsonl``; evaluates (`ais_jax.evaluation`), checkpoints every
 ``checkpoint.every`` steps and resumes from the latest checkpoint in
 ``out_dir`` when rerun with the same command.  Bad input exits with status 2
 and one line on stderr.  Compiled programs go to a persistent compilation
@@ -23,7 +25,6 @@ import contextlib
 import dataclasses
 import errno
 import json
-import math
 import os
 import signal
 import sys
@@ -65,8 +66,9 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None) -> RunResult:
     """
     import jax
 
-    from ais_jax import runtime
+    from ais_jax import runtime, trackers
 
+    trackers.parse_backends(cfg.log)  # bad log.backends: fail before any work
     runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
     is_main = jax.process_index() == 0
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -85,6 +87,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
     from ais_jax.evaluation import make_evaluator
     from ais_jax.placement import to_host
     from ais_jax.rl import make_rl_step
+    from ais_jax.trackers import Trackers, samples_hook, truncate_rows, write_rows
 
     out_dir, steps = cfg.out_dir, cfg.train.steps
     manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
@@ -118,6 +121,8 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
     # Complete lines of steps <= start only: a torn line or later steps are dropped.
     history = runguard.truncate_metrics(metrics_path, start or 0, rewrite=is_main)
     config = runguard.flat_config(cfg)
+    if is_main:
+        truncate_rows(out_dir, start or 0)
 
     def save(n: int) -> bool:
         return ckpt.save(manager, n, payload(state, ref_params),
@@ -126,7 +131,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
 
     if start is None:
         save(0)
-    writer = _tb_writer(out_dir) if (cfg.log.tensorboard and is_main) else None
+    writer = Trackers(cfg, config, enabled=is_main)
     rl_step = make_rl_step(r, ref_params)
     start = start or 0
     root = jax.random.key(cfg.seed)
@@ -139,7 +144,9 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
         for step in profiler.steps(loop):
             t0 = time.perf_counter()
             problems = r.train_problems(0, step, cfg.rollout.prompts_per_step)
-            state, rec = rl_step(state, problems, jax.random.fold_in(root, step))
+            rows: list[dict[str, Any]] = []
+            on_samples = samples_hook(cfg.log, step + 1, rows)
+            state, rec = rl_step(state, problems, jax.random.fold_in(root, step), on_samples)
             record = {"step": step + 1, **rec, "step_time_s": time.perf_counter() - t0}
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < steps:
                 ev = evaluate(state.params)
@@ -148,15 +155,16 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
                     record["eval_sampled_accuracy"] = ev["sampled_accuracy"]
             history.append(record)
             if is_main:
-                _log(record, metrics_path, writer, loop)
+                if rows:
+                    write_rows(out_dir, rows)
+                _log(record, metrics_path, writer, loop, rows)
             if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                 save(step + 1)
             signum = stop.agreed()
             if signum:  # finish the step, checkpoint it, stop with status 128 + signum
                 save(step + 1)
                 ckpt.close(manager)
-                if writer is not None:
-                    writer.close()
+                writer.close()
                 raise runguard.Interrupted(signum, (
                     f"stopped by {signal.Signals(signum).name} after step {step + 1}; checkpoint "
                     f"saved in {manager.directory}/{step + 1}; rerun the same command to resume"))
@@ -164,10 +172,9 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
     if cfg.checkpoint.every and steps % cfg.checkpoint.every:
         save(steps)
     ckpt.close(manager)
-    if writer is not None:
-        writer.close()
+    writer.close()
     compiles = {"rollout": r.fns.rollout._cache_size(), "update": r.fns.update._cache_size(),
-                "score": 0 if r.fns.score is None else r.fns.score._cache_size(),
+                "score": r.fns.score._cache_size(),  # 0 when never called
                 "eval": eval_fn._cache_size()}
     # Params sharded across processes are gathered by every process (a collective).
     final_params = to_host(state.params) if jax.process_count() > 1 else state.params
@@ -202,12 +209,10 @@ def _before_grpo(r: Any, state: Any, evaluate: Any, is_main: bool) -> tuple[Any,
     return state, eval_before
 
 
-def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any) -> None:
+def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
+         rows: Sequence[dict[str, Any]] = ()) -> None:
     runguard.append_record(metrics_path, record)  # whole lines, flushed and fsynced
-    if writer is not None:
-        for name, v in record.items():
-            if name != "step" and isinstance(v, float) and math.isfinite(v):
-                writer.add_scalar(name, v, record["step"])
+    writer.log(record, rows)  # the same record to every tracker backend
     if hasattr(bar, "set_postfix"):
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", alpha=f"{record['alpha']:.2f}",
                         d=f"{record['d_bar']:.3f}")
@@ -247,12 +252,6 @@ def _progress_fn(desc: str, enabled: bool, **kw: Any) -> Any:
     from tqdm import tqdm
 
     return lambda it: tqdm(it, desc=desc, dynamic_ncols=True, file=sys.stdout, **kw)
-
-
-def _tb_writer(out_dir: str) -> Any:
-    from tensorboardX import SummaryWriter
-
-    return SummaryWriter(os.path.join(out_dir, "tb"))
 
 
 def _init_distributed(flag: bool) -> None:
