@@ -46,8 +46,9 @@ quantiles of ``log rho``, linear interpolation as `numpy.quantile`),
 ``dropped_token_frac`` (valid tokens not kept / valid tokens),
 ``dropped_seq_frac`` (sequences with a valid token but none kept / such
 sequences), ``seq_log_ratio_std`` (sample std of ``S_b``), ``weight_mean`` /
-``weight_max`` (over kept tokens) and ``num_valid``; modes ``ais`` / ``tis`` /
-``none`` add `AISResult.stats` (``alpha``, ``cv``, ``d_bar``, ...).
+``weight_max`` (over kept tokens) and ``num_valid``; every mode adds
+`AISResult.stats` (``alpha``, ``cv``, ``d_bar``, ...; ``alpha`` is 0 in the
+modes that do not apply it).
 """
 
 from __future__ import annotations
@@ -263,9 +264,11 @@ def correction_weights(
     keep = valid & keep_tok
     weights = jnp.where(valid, jnp.where(keep, w, 0.0), 1.0)
     a = jnp.where(valid, adv.astype(jnp.float32), 0.0)
+    # alpha's parts are reported in every mode (alpha 0: not applied), for comparisons.
+    ais_stats = ais_coefficient(lt, lr, adv, valid, C=cap, mode="none", **ais_kwargs).stats()
     return CorrectionResult(
         weights=weights,
         advantages=jnp.where(keep, weights * a, 0.0),
         keep=keep,
-        metrics=_diagnostics(log_rho, valid, keep, weights),
+        metrics={**ais_stats, **_diagnostics(log_rho, valid, keep, weights)},
     )

@@ -28,7 +28,6 @@ from jax.sharding import Mesh
 
 from ais_jax import grpo, optim
 from ais_jax import sharding as shd
-from ais_jax.ais import ais_coefficient
 from ais_jax.config import Config, TrainSection
 from ais_jax.corrections import correction_weights
 from ais_jax.distributions import truncates as truncates_dist
@@ -188,15 +187,10 @@ def _correct(logp_old: Any, batch: RolloutBatch, adv_tok: jax.Array,
     lo_full = None if lo_full is None else jax.lax.stop_gradient(lo_full)
     a = cfg.ais
     valid = batch.mask > 0
-    ais_kw = dict(delta=a.delta, gamma=a.gamma, beta_var=a.beta_var, eps=a.eps,
-                  use_ess=a.use_ess, use_mis=a.use_mis, use_var=a.use_var)
     res = correction_weights(lo, batch.logp, adv_tok, valid, mode=a.mode, cap=a.C,
-                             threshold=a.geo_threshold, **ais_kw)
-    stats = res.stats()
-    if res.ais is None:  # alpha's parts are logged in every mode (alpha 0: not applied)
-        ais_stats = ais_coefficient(lo, batch.logp, adv_tok, valid, C=a.C, mode="none",
-                                    **ais_kw).stats()
-        stats = {**ais_stats, **stats}
+                             threshold=a.geo_threshold, delta=a.delta, gamma=a.gamma,
+                             beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
+                             use_mis=a.use_mis, use_var=a.use_var)
     keep = res.keep
     gb = grpo.GRPOBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens,
                         keep.astype(jnp.float32), lo, res.advantages, None, lo_full)
@@ -207,7 +201,7 @@ def _correct(logp_old: Any, batch: RolloutBatch, adv_tok: jax.Array,
         "zero_prob_tokens": jnp.sum(valid & jnp.isneginf(lo)).astype(jnp.float32),
         "logp_rollout_mean": jnp.sum(jnp.where(valid, batch.logp, 0.0))
         / jnp.maximum(jnp.sum(valid), 1),
-        **stats,
+        **res.stats(),
     }
     return gb, extra
 

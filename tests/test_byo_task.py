@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _tiny import TINY_RUN
 
 from ais_jax import train
 from ais_jax.codec import PromptCodec
@@ -27,13 +28,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "byo_task.md"
-TINY = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=8",
-    "rollout.group_size=4", "rollout.max_new_tokens=4", "sft.steps=0",
-    "task.eval_size=8", "eval.every=0", "eval.num_samples=1", "log.tensorboard=false",
-    "log.progress=false", "checkpoint.every=0",
-]
+TINY = [*TINY_RUN, "checkpoint.every=0"]
 SUMS = ["task.name=dataset", "task.prompt_key=question", "task.answer_key=target"]
 
 

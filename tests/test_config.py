@@ -360,3 +360,11 @@ def test_correction_modes_and_defaults_match_the_library():
 
     assert set(config.CHOICES["ais.mode"]) == set(CORRECTION_MODES)
     assert Config().ais.geo_threshold == DEFAULT_GEO_THRESHOLD
+
+
+def test_temperature_floor_matches_the_library():
+    from ais_jax.distributions import MIN_TEMPERATURE
+
+    load_config(None, [f"rollout.temperature={MIN_TEMPERATURE!r}"])
+    with pytest.raises(UsageError, match=r"rollout\.temperature"):
+        load_config(None, [f"rollout.temperature={MIN_TEMPERATURE * 0.999!r}"])

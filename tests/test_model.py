@@ -9,38 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _models import FULL, TINY
+from _models import left_padded as _left_padded
+from _models import random_params as _random_params
 
 from ais_jax import fp8, layout, model
 
-TINY = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-                         num_heads=4, num_kv_heads=2, head_dim=8)
-# Every optional piece at once: biases everywhere, q/k norm, head_dim != D / Q, llama3 rope.
-FULL = dataclasses.replace(TINY, head_dim=12, num_kv_heads=1, qkv_bias=True, o_bias=True,
-                           mlp_bias=True, qk_norm=True, rope_scaling=(8.0, 1.0, 4.0, 32))
 forward = jax.jit(model.forward, static_argnums=2)
-
-
-def _random_params(cfg: model.ModelConfig, seed: int = 0) -> dict:
-    """init_params' tree with norms and biases away from 1 / 0 and unit-scale activations."""
-    rng = np.random.default_rng(seed)
-    spec = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
-
-    def fill(path, x):
-        name = jax.tree_util.keystr(path)
-        r = rng.standard_normal(x.shape, np.float32)
-        if "norm" in name:
-            return jnp.asarray(1.0 + 0.3 * r)
-        if "'b" in name:  # bq, bk, bv, bo, b_gate, b_up, b_down
-            return jnp.asarray(0.3 * r)
-        return jnp.asarray(r if "embed" in name else r / math.sqrt(x.shape[-1]))
-
-    return jax.tree_util.tree_map_with_path(fill, spec)
-
-
-def _left_padded(cfg: model.ModelConfig, B: int, T: int, pads: list[int], seed: int = 0):
-    tokens = jax.random.randint(jax.random.key(seed), (B, T), 0, cfg.vocab_size)
-    mask = jnp.arange(T)[None, :] >= jnp.asarray(pads)[:, None]  # [B, T]
-    return tokens, mask
 
 
 # ----------------------------------------------------------------------------- params

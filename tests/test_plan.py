@@ -14,17 +14,15 @@ import sys
 
 import jax
 import pytest
+from _tiny import TINY_MODEL
 
 from ais_jax import plan
 from ais_jax.errors import UsageError
 from ais_jax.hf_config import HF_PRESETS, hf_config_from_model_config
 from ais_jax.model import ModelConfig
 
-TINY = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=4",
-    "rollout.group_size=2", "rollout.max_new_tokens=4", "sft.steps=0",
-]
+TINY = [*TINY_MODEL, "rollout.prompts_per_step=4", "rollout.group_size=2",
+        "rollout.max_new_tokens=4", "sft.steps=0"]
 
 
 def _env(devices: int | None = None) -> dict[str, str]:

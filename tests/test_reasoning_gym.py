@@ -9,17 +9,15 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
+from _tiny import TINY_MODEL
+
 from ais_jax.errors import UsageError
 from ais_jax.tasks import check_task_settings, get_task
 from ais_jax.tasks.reasoning_gym_task import chat_prompt
 
-TINY = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=4",
-    "rollout.group_size=2", "rollout.max_new_tokens=4", "sft.steps=0",
-    "task.eval_size=4", "eval.every=0", "eval.num_samples=1", "log.tensorboard=false",
-    "log.progress=false",
-]  # fmt: skip
+TINY = [*TINY_MODEL, "rollout.prompts_per_step=4", "rollout.group_size=2",
+        "rollout.max_new_tokens=4", "sft.steps=0", "task.eval_size=4", "eval.every=0",
+        "eval.num_samples=1", "log.tensorboard=false", "log.progress=false"]
 
 # propositional_logic has no single gold answer ("answer" is None): its example is used
 GOLD_DATASETS = ["leg_counting", "propositional_logic", "countdown", "basic_arithmetic",

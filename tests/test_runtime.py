@@ -16,19 +16,14 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
+from _tiny import TINY_RUN
 from jax.experimental.compilation_cache import compilation_cache
 
 from ais_jax import runtime, train
 from ais_jax.config import DEFAULT_COMPILE_CACHE, RuntimeSection, load_config
 from ais_jax.errors import UsageError
 
-TINY = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=8",
-    "rollout.group_size=4", "rollout.max_new_tokens=4", "sft.steps=0",
-    "task.eval_size=8", "eval.every=0", "eval.num_samples=1", "log.tensorboard=false",
-    "log.progress=false", "checkpoint.every=0",
-]
+TINY = [*TINY_RUN, "checkpoint.every=0"]
 _FLAGS = ("jax_compilation_cache_dir", *runtime._THRESHOLDS)
 
 

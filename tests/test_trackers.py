@@ -9,17 +9,12 @@ import os
 
 import numpy as np
 import pytest
+from _tiny import TINY_RUN
 
 from ais_jax import trackers, train
 from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
 
-TINY = [  # as in test_train.py
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.head_dim=16", "model.intermediate_size=64", "rollout.prompts_per_step=8",
-    "rollout.group_size=4", "rollout.max_new_tokens=4", "sft.steps=0",
-    "task.eval_size=8", "eval.every=0", "eval.num_samples=1", "log.tensorboard=false",
-    "log.progress=false", "train.learning_rate=0.003",
-]
+TINY = [*TINY_RUN, "train.learning_rate=0.003"]
 
 
 def _jsonl(path):

@@ -1,0 +1,12 @@
+"""Overrides of the tiny runs the CLI / loop tests share (a 1-layer, 32-wide scratch model)."""
+
+TINY_MODEL = [
+    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+    "model.head_dim=16", "model.intermediate_size=64",
+]
+# 8 prompts x 4 samples, 4 new tokens, no warm start, 8 eval problems, quiet logging.
+TINY_RUN = [
+    *TINY_MODEL, "rollout.prompts_per_step=8", "rollout.group_size=4",
+    "rollout.max_new_tokens=4", "sft.steps=0", "task.eval_size=8", "eval.every=0",
+    "eval.num_samples=1", "log.tensorboard=false", "log.progress=false",
+]
