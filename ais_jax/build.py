@@ -44,6 +44,13 @@ class Run:
     prompt_bucket: int  # P: prompt length every batch is left-padded to
     rewards: tuple[Any, ...] = ()  # ais_jax.user_rewards.UserReward: reward functions
 
+    @property
+    def is_llada(self) -> bool:
+        """Whether the policy is a LLaDA masked-diffusion model (`ais_jax.llada`)."""
+        from ais_jax.llada.model import LLaDAConfig
+
+        return isinstance(self.model_cfg, LLaDAConfig)
+
     def train_problems(self, stream: int, step: int, n: int) -> list[Any]:
         """``n`` training problems of ``stream`` (0: RL, 1: warm start) at ``step``; seeded."""
         return problems_at(self.cfg, self.task, stream, step, n)
@@ -126,10 +133,76 @@ def scratch_model_config(tok: Any, *, hidden_size: int, intermediate_size: int,
         tie_embeddings=tie_embeddings)
 
 
-def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
-    """``(params, model_cfg, codec)``: a scratch model, an HF directory, a GGUF file or SmolLM2."""
+def model_kind(cfg: Config) -> str:
+    """``model.kind`` resolved: ``auto`` is ``llada`` for a directory holding a LLaDA
+    ``config.json`` (`ais_jax.llada.checkpoint.is_llada_dir`), else ``ar``."""
+    if cfg.model.kind != "auto":
+        return cfg.model.kind
+    from ais_jax.llada.checkpoint import is_llada_dir
+
+    src = cfg.model.source
+    return "llada" if src not in ("scratch", "smollm2") and is_llada_dir(src) else "ar"
+
+
+def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
+    """``(params, LLaDAConfig, codec)`` of a LLaDA policy: from scratch over the character
+    tokenizer (one extra id, the mask token) or a LLaDA checkpoint directory."""
+    from ais_jax import llada
+    from ais_jax.config_checks import check_diffusion
     from ais_jax.tasks import CharTokenizer
 
+    check_diffusion(cfg)
+    param_dtype = st.DTYPES[cfg.model.param_dtype]
+    mc = cfg.model
+    if mc.source == "scratch":
+        if cfg.task.prompt_style != "compact":
+            raise UsageError("a scratch model uses the character tokenizer; set "
+                             "task.prompt_style=compact")
+        if mc.hidden_size % mc.num_heads or (mc.hidden_size // mc.num_heads) % 2:
+            raise UsageError(f"a LLaDA model's heads are model.hidden_size / model.num_heads "
+                             f"wide and that must be an even integer; got {mc.hidden_size} / "
+                             f"{mc.num_heads}")
+        tok = CharTokenizer()
+        lcfg = llada.LLaDAConfig(
+            vocab_size=tok.vocab_size + 1, hidden_size=mc.hidden_size,
+            intermediate_size=mc.intermediate_size, num_layers=mc.num_layers,
+            num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, mask_token_id=tok.vocab_size,
+            text_vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+            tie_embeddings=True)
+        params = llada.init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), lcfg,
+                                   param_dtype)
+        return params, lcfg, PromptCodec(tok, "compact", task, tok.pad_id, (tok.eos_id,))
+    if mc.source == "smollm2":
+        raise UsageError("model.kind=llada needs model.source=scratch or a LLaDA checkpoint "
+                         "directory; smollm2 is autoregressive (set model.kind=auto)")
+    try:
+        params, lcfg = llada.load(mc.source, param_dtype)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"model.source {mc.source}: {e}; point it at a LLaDA checkpoint "
+                         "directory (config.json + model.safetensors)") from None
+    if os.path.isfile(os.path.join(mc.source, "char_tokenizer.json")):
+        tok = CharTokenizer.load(mc.source)  # a LLaDA policy exported by a scratch run
+        return params, lcfg, PromptCodec(tok, cfg.task.prompt_style, task, tok.pad_id,
+                                         (tok.eos_id,))
+    from ais_jax.pretrained import load_tokenizer
+
+    tok = load_tokenizer(mc.source)
+    eos = lcfg.eos_token_id if lcfg.eos_token_id is not None else tok.eos_token_id
+    if eos is None:
+        raise UsageError(f"model.source {mc.source}: neither config.json nor the tokenizer "
+                         "names an EOS id; add eos_token_id to config.json")
+    pad = lcfg.pad_token_id if lcfg.pad_token_id is not None else tok.pad_token_id
+    return params, lcfg, PromptCodec(tok, cfg.task.prompt_style, task,
+                                     int(eos if pad is None else pad), (int(eos),))
+
+
+def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
+    """``(params, model_cfg, codec)``: a scratch model, an HF directory, a GGUF file, SmolLM2
+    or (``model.kind`` resolving to ``llada``) a LLaDA policy (`build_llada`)."""
+    from ais_jax.tasks import CharTokenizer
+
+    if model_kind(cfg) == "llada":
+        return build_llada(cfg, task)
     param_dtype = st.DTYPES[cfg.model.param_dtype]
     style = cfg.task.prompt_style
     if cfg.model.source == "scratch":
@@ -225,7 +298,13 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
     longest = max(len(codec.encode_prompt(p)) for p in eval_problems + first)
     state = optim.init_train_state(params, optimizer)
     ids = st.TokenIds(codec.eos_ids, codec.pad_id)
-    fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
+    if model_kind(cfg) == "llada":
+        from ais_jax.llada.rl_steps import build_step_fns as build_llada_fns
+
+        fns = build_llada_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, codec.eos_ids,
+                              codec.pad_id)
+    else:
+        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
     state = place(state, fns.state_shardings)
     return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
                bucket_length(longest + 4, pow2_max=0), rewards)

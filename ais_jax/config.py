@@ -52,6 +52,9 @@ class ModelSection:
     """The policy model."""
 
     source: str = "scratch"  # "scratch", "smollm2", or a path to an HF directory / .gguf file
+    # model family: auto (llada when model.source's config.json is LLaDA's, else ar) |
+    # ar (autoregressive decoder) | llada (masked diffusion, the diffusion section)
+    kind: str = "auto"
     hidden_size: int = 128  # scratch only: model width D
     num_layers: int = 2  # scratch only: decoder blocks
     num_heads: int = 4  # scratch only: query heads Q
@@ -105,7 +108,9 @@ class RolloutSection:
     max_new_tokens: int = 16  # generated tokens per completion N
     prompts_per_step: int = 16  # prompts per RL step P
     group_size: int = 8  # completions per prompt G (GRPO needs >= 2)
-    fp8_format: str = "e4m3"  # float8 format of the rollout weights: e4m3 | e5m2
+    # rollout weight format: e4m3 | e5m2 (FP8 weights + activations) | nvfp4 | mxfp4 (FP4
+    # block-scaled weights, BF16 activations; act_scaling / weight_scaling must stay tensor)
+    fp8_format: str = "e4m3"
     act_scaling: str = "tensor"  # FP8 activation scale granularity: tensor | token
     weight_scaling: str = "tensor"  # FP8 weight scale granularity: tensor | channel
     lm_head_fp8: bool = False  # also quantize the output projection
@@ -162,6 +167,30 @@ class SFTSection:
     warmup_steps: int = 0  # linear warmup steps of the warm-start lr (at most sft.steps - 1)
     batch_size: int = 64  # problems per SFT step
     mistake_rate: float = 0.0  # share of demonstrations with the task's typical mistake; 0 = none
+    # stop the warm start at the first check whose greedy accuracy on sft.check_size
+    # training-split problems reaches this; 0 = off (exactly sft.steps steps)
+    target_accuracy: float = 0.0
+    # with sft.target_accuracy > 0: most warm-start steps; past sft.steps (the lr schedule's
+    # length) the rate stays at its final 10%; 0 = sft.steps
+    max_steps: int = 0
+    check_every: int = 25  # warm-start steps between checks (when sft.target_accuracy > 0)
+    # validation problems of the check: the training split (never the held-out ones),
+    # a seed stream apart from the warm-start batches
+    check_size: int = 200
+
+
+@dataclass(frozen=True)
+class DiffusionSection:
+    """Masked-diffusion (LLaDA) policies, model.kind=llada (docs/llada.md).
+
+    The response is ``rollout.max_new_tokens`` tokens (LLaDA's gen_length),
+    sampled at ``rollout.temperature``."""
+
+    block_length: int = 8  # tokens per semi-autoregressive block; divides rollout.max_new_tokens
+    steps: int = 16  # denoising steps of a response; a multiple of the number of blocks, <= N
+    remasking: str = "low_confidence"  # which candidates a step keeps: low_confidence | random
+    p_mask: float = 0.15  # prompt-token masking probability of the diffu-GRPO log-prob estimate
+    inner_iterations: int = 1  # diffu-GRPO gradient steps per batch, each with fresh masks
 
 
 @dataclass(frozen=True)
@@ -234,6 +263,7 @@ class Config:
     ais: AISSection = field(default_factory=AISSection)  # importance-sampling correction
     train: TrainSection = field(default_factory=TrainSection)  # GRPO optimisation
     sft: SFTSection = field(default_factory=SFTSection)  # supervised warm start
+    diffusion: DiffusionSection = field(default_factory=DiffusionSection)  # LLaDA policies
     eval: EvalSection = field(default_factory=EvalSection)  # held-out evaluation
     mesh: MeshSection = field(default_factory=MeshSection)  # device mesh
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)  # checkpoints
@@ -242,13 +272,15 @@ class Config:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    "model.kind": ("auto", "ar", "llada"),
+    "diffusion.remasking": ("low_confidence", "random"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "train.remat": ("auto", "none", "full", "dots"),
     "task.prompt_style": ("compact", "chat"),
     "task.checker": ("numeric", "exact", "math_verify", "none"),
     "rollout.precision": ("fp8", "bf16"),
-    "rollout.fp8_format": ("e4m3", "e5m2"),
+    "rollout.fp8_format": ("e4m3", "e5m2", "nvfp4", "mxfp4"),
     "rollout.act_scaling": ("tensor", "token"),
     "rollout.weight_scaling": ("tensor", "channel"),
     "ais.mode": ("ais", "tis", "none", "token_mask", "seq_tis", "seq_mask", "geo_mask"),

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         ModelSection,
         RolloutSection,
         RuntimeSection,
+        SFTSection,
         TaskSection,
         TrainSection,
     )
@@ -100,6 +101,13 @@ def _validate_rollout_ais(r: RolloutSection, a: AISSection) -> None:
     _require(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}; 1 disables it")
     _require(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 disables it), got {r.top_k}")
     _at_least("rollout", r, ("max_new_tokens", "prompts_per_step"), 1)
+    for name in ("weight_scaling", "act_scaling"):  # FP4: fixed block scales, BF16 activations
+        _require(
+            r.precision != "fp8" or r.fp8_format not in ("nvfp4", "mxfp4")
+            or getattr(r, name) == "tensor",
+            f"rollout.{name}={clip(getattr(r, name))} does not apply to rollout.fp8_format="
+            f"{r.fp8_format} (block-scaled FP4 weights, BF16 activations); leave it at 'tensor'",
+        )
     _require(
         r.group_size >= 2,
         f"rollout.group_size must be >= 2 (GRPO needs >= 2 samples per prompt), got {r.group_size}",
@@ -145,6 +153,7 @@ def _validate_rest(cfg: Config) -> None:
         0.0 <= s.mistake_rate < 1.0, f"sft.mistake_rate must be in [0, 1), got {s.mistake_rate}"
     )
     _require(s.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {s.warmup_steps}")
+    _validate_sft_criterion(s)
     _require(
         cfg.eval.every >= 0,
         f"eval.every must be >= 0 (0 = only before and after training), got {cfg.eval.every}",
@@ -164,6 +173,24 @@ def _validate_rest(cfg: Config) -> None:
     check_names(dict(cfg.reward.functions), dict(cfg.reward.weights))
 
 
+def _validate_sft_criterion(s: SFTSection) -> None:
+    _require(0.0 <= s.target_accuracy <= 1.0,
+             f"sft.target_accuracy must be in [0, 1] (0 = off: run all sft.steps), got "
+             f"{s.target_accuracy}")
+    _require(s.check_every >= 1, "sft.check_every must be >= 1 (warm-start steps between "
+             f"checks), got {s.check_every}")
+    _require(s.check_size >= 1, f"sft.check_size must be >= 1 (validation problems), got "
+             f"{s.check_size}")
+    _require(s.max_steps == 0 or s.max_steps >= s.steps,
+             f"sft.max_steps={s.max_steps} must be 0 (= sft.steps) or >= sft.steps={s.steps}")
+    if s.target_accuracy > 0:
+        most = max(s.steps, s.max_steps)
+        _require(s.check_every <= most,
+                 f"sft.check_every={s.check_every} exceeds the {most} warm-start steps "
+                 "(sft.steps, sft.max_steps), so sft.target_accuracy would never be checked; "
+                 "lower sft.check_every or set sft.target_accuracy=0")
+
+
 def _validate_runtime(rt: RuntimeSection) -> None:
     _require(
         rt.profile_steps >= 1,
@@ -173,6 +200,36 @@ def _validate_runtime(rt: RuntimeSection) -> None:
     for key, value in (("runtime.compile_cache", rt.compile_cache),
                        ("runtime.profile_dir", rt.profile_dir)):
         _require("\x00" not in value, f"{key} contains a NUL byte; set it to a directory path")
+
+
+def check_diffusion(cfg: Config) -> None:
+    """The diffusion section and the settings a LLaDA policy (model.kind=llada) cannot take.
+
+    Called by `validate_config` when ``model.kind=llada`` and by the trainer once
+    ``auto`` has resolved to ``llada``.
+
+    Raises:
+      UsageError: one line naming the key and the fix.
+    """
+    d, r, tr = cfg.diffusion, cfg.rollout, cfg.train
+    n = r.max_new_tokens
+    _at_least("diffusion", d, ("block_length", "steps", "inner_iterations"), 1)
+    _require(n % d.block_length == 0,
+             f"diffusion.block_length={d.block_length} must divide rollout.max_new_tokens={n} "
+             "(the response is a whole number of blocks)")
+    blocks = n // d.block_length
+    _require(d.steps % blocks == 0,
+             f"diffusion.steps={d.steps} must be a multiple of the number of blocks {blocks} "
+             "(rollout.max_new_tokens / diffusion.block_length)")
+    _require(d.steps <= n, f"diffusion.steps={d.steps} must be <= rollout.max_new_tokens={n} "
+             "(each step reveals at least one token)")
+    _require(0.0 <= d.p_mask <= 1.0, f"diffusion.p_mask must be in [0, 1], got {d.p_mask}")
+    _require(tr.epochs == 1 and tr.minibatches == 1 and tr.micro_batch_size == 0,
+             "a LLaDA policy takes diffusion.inner_iterations gradient steps per batch; set "
+             "train.epochs=1 train.minibatches=1 train.micro_batch_size=0")
+    _require(r.top_k == 0 and r.top_p == 1.0,
+             "the LLaDA sampler has no top-k / top-p; set rollout.top_k=0 rollout.top_p=1")
+    _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")
 
 
 def validate_config(cfg: Config) -> None:
@@ -192,6 +249,8 @@ def validate_config(cfg: Config) -> None:
     _validate_rollout_ais(cfg.rollout, cfg.ais)
     _validate_train(cfg.train, cfg.rollout)
     _validate_rest(cfg)
+    if cfg.model.kind == "llada":
+        check_diffusion(cfg)
     from ais_jax.tasks import check_task_settings  # light: imports no jax
 
     check_task_settings(cfg.task.name, dict(cfg.task.difficulty), cfg.sft.mistake_rate)

@@ -9,8 +9,8 @@ EOS included) and, with ``eval.num_samples = k > 1``, the sampled accuracy
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,8 @@ def _sampler_fn(run: Run, num_samples: int) -> Any:
     r, greedy = run.cfg.rollout, num_samples == 1
     fns = run.fns
     rep = shd.replicated(run.mesh)
+    if run.is_llada:
+        return _llada_sampler_fn(run, num_samples)
 
     def fn(p: Any, pt: jax.Array, pm: jax.Array, key: jax.Array) -> sampler.Rollout:
         return sampler.sample(
@@ -40,6 +42,31 @@ def _sampler_fn(run: Run, num_samples: int) -> Any:
 
     return jax.jit(fn, in_shardings=(fns.state_shardings.params, fns.batch_sharding,
                                      fns.batch_sharding, rep),
+                   out_shardings=fns.batch_sharding)
+
+
+class _Responses(NamedTuple):
+    tokens: jax.Array  # [R, N]
+    mask: jax.Array  # [R, N] bool: through the first EOS
+
+
+def _llada_sampler_fn(run: Run, num_samples: int) -> Any:
+    """The LLaDA counterpart of `_sampler_fn`: BF16 denoising (greedy: temperature 0)."""
+    from ais_jax.llada.sampler import completion_mask, generate
+
+    r, d, greedy = run.cfg.rollout, run.cfg.diffusion, num_samples == 1
+    fns, eos = run.fns, run.codec.eos_ids
+
+    def fn(p: Any, pt: jax.Array, pm: jax.Array, key: jax.Array) -> _Responses:
+        out = generate(cast_params(p, jnp.bfloat16), run.model_cfg, pt, key,
+                       gen_length=r.max_new_tokens, block_length=d.block_length, steps=d.steps,
+                       temperature=0.0 if greedy else r.temperature, remasking=d.remasking,
+                       num_samples=num_samples, prompt_mask=pm)
+        toks = out.tokens[:, pt.shape[1]:]
+        return _Responses(toks, completion_mask(toks, eos))
+
+    return jax.jit(fn, in_shardings=(fns.state_shardings.params, fns.batch_sharding,
+                                     fns.batch_sharding, shd.replicated(run.mesh)),
                    out_shardings=fns.batch_sharding)
 
 
@@ -82,18 +109,28 @@ class SamplerPolicy:
         return texts
 
 
-def make_evaluator(run: Run) -> tuple[Callable[[Any], dict[str, float]], Any]:
-    """``(evaluate(params) -> dict, greedy_fn)``; ``greedy_fn`` exposes its compile count."""
-    k = run.cfg.eval.num_samples
+def make_evaluator(run: Run, problems: Sequence[Any] | None = None,
+                   num_samples: int | None = None) -> tuple[Callable[[Any], dict[str, float]],
+                                                            Any]:
+    """``(evaluate(params) -> dict, greedy_fn)``; ``greedy_fn`` exposes its compile count.
+
+    Args:
+      run: the built run.
+      problems: the problems to evaluate on; None: the held-out ``run.eval_problems``
+        (the warm-start criterion passes training-split validation problems).
+      num_samples: samples per problem; None: ``eval.num_samples`` (1: greedy only).
+    """
+    k = run.cfg.eval.num_samples if num_samples is None else num_samples
+    probs = run.eval_problems if problems is None else list(problems)
     greedy_fn = _sampler_fn(run, 1)
     sampled_fn = _sampler_fn(run, k) if k > 1 else None
-    n_eval = len(run.eval_problems)
+    n_eval = len(probs)
     batch = bucket_length(min(64, max(1, n_eval)), multiple=shd.batch_divisor(run.mesh),
                           pow2_max=0)
 
     def evaluate(params: Any) -> dict[str, float]:
         policy = SamplerPolicy(run, params, greedy_fn, sampled_fn, batch)
-        res = evaluate_policy(policy, run.task, run.eval_problems, k=max(k, 1),
+        res = evaluate_policy(policy, run.task, probs, k=max(k, 1),
                               num_samples=k if k > 1 else 0, prompt_fn=run.codec.prompt_text,
                               batch_size=batch)
         out = {"accuracy": res.accuracy, "n": res.n,

@@ -10,6 +10,10 @@ rescales the float32 result by ``s_x * s_w``, so the weights are read as 1-byte
 values and no dequantized copy is materialized; on CPU the same program is an
 exact emulation of the FP8 rounding (never faster).  Whether XLA turns it into
 a native FP8 GEMM on Hopper is checked by `benchmarks/gpu_sampler_check.py`.
+
+``to_rollout_params(dtype="nvfp4" | "mxfp4")`` makes block-scaled FP4 weights
+instead (`ais_jax.fp4.BlockQuantArray`, weight-only); `qdot`, `linear` and
+`dequantize` dispatch to `ais_jax.fp4` for them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from ais_jax import layout
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 FP8_DTYPES = {"e4m3": E4M3, "e5m2": E5M2}
+FP4_FORMATS = ("nvfp4", "mxfp4")  # block-scaled FP4 weights: ais_jax.fp4
+ROLLOUT_FORMATS = (*FP8_DTYPES, *FP4_FORMATS)  # to_rollout_params(dtype=...) as strings
 ACT_SCALINGS = ("tensor", "token")
 
 # Per-layer params the rollout copy always quantizes (the decoder-block linears,
@@ -128,7 +134,11 @@ def quantize(
 
 
 def dequantize(q: QuantArray, dtype: Any = jnp.float32) -> jax.Array:
-    """``q.value * q.scale`` in ``dtype`` (same shape as ``q.value``)."""
+    """``q.value * q.scale`` in ``dtype`` (same shape as ``q.value``; FP4 blocks: `ais_jax.fp4`)."""
+    if getattr(q, "fmt", None) in FP4_FORMATS:  # an ais_jax.fp4.BlockQuantArray
+        from ais_jax import fp4
+
+        return fp4.dequantize_blocks(q, dtype)
     return (q.value.astype(jnp.float32) * q.scale).astype(dtype)
 
 
@@ -179,7 +189,15 @@ def qdot(
 
     Returns:
       ``[..., out]`` in ``out_dtype``.
+
+    An FP4 weight (`ais_jax.fp4.BlockQuantArray`) goes to `ais_jax.fp4.block_qdot`
+    instead: weight-only W4A16, activations unquantized (``compute_dtype`` and
+    ``valid`` unused).
     """
+    if getattr(w, "fmt", None) in FP4_FORMATS:  # an ais_jax.fp4.BlockQuantArray
+        from ais_jax import fp4
+
+        return fp4.block_qdot(x, w, out_dtype=out_dtype)
     if w.value.ndim != 2:
         raise ValueError(f"qdot expects a 2-D weight [out, in], got shape {w.value.shape}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -253,34 +271,47 @@ def to_rollout_params(
 
     Args:
       params: trainer params (see `ais_jax.model.init_params`).
-      dtype: float8 format (E4M3 default; E5M2 as an option).
+      dtype: float8 format (E4M3 default; E5M2 as an option), or ``"nvfp4"`` /
+        ``"mxfp4"``: block-scaled FP4 weights (`ais_jax.fp4.BlockQuantArray`,
+        weight-only W4A16; every quantized weight's input dim must be a multiple
+        of the block size, 16 / 32, else ValueError).
       quantize_lm_head: also quantize the output projection.
-      weight_scaling: ``"tensor"`` (paper) or ``"channel"``.
+      weight_scaling: ``"tensor"`` (paper) or ``"channel"``; FP4 formats fix
+        their own scales and accept only the default ``"tensor"`` (ignored).
       act_scaling: ``"tensor"`` (paper; one activation scale per matmul input
-        tensor) or ``"token"`` (one per row).
+        tensor) or ``"token"`` (one per row); FP4 formats do not quantize
+        activations and accept only the default ``"tensor"`` (ignored).
 
     Returns:
       A new params dict of the same structure (plus ``lm_head`` when tied and
       ``quantize_lm_head``); the input is not modified.
     """
-    dtype = _resolve_dtype(dtype)
-    if act_scaling not in ACT_SCALINGS:
-        raise ValueError(f"act_scaling must be one of {ACT_SCALINGS}, got {act_scaling!r}")
     if "layers" not in params:
         raise ValueError("params has no 'layers' entry; expected a tree from ais_jax.model")
-    q = lambda w: quantize_weight(  # noqa: E731
-        w, dtype=dtype, weight_scaling=weight_scaling, act_scaling=act_scaling
-    )
+    if isinstance(dtype, str) and dtype in FP4_FORMATS:
+        from ais_jax import fp4
+
+        if (weight_scaling, act_scaling) != ("tensor", "tensor"):
+            raise ValueError(f"{dtype} has fixed block scales and unquantized activations; "
+                             "weight_scaling and act_scaling must stay 'tensor'")
+        q = lambda w, n: fp4.quantize_blocks(w, dtype, name=n)  # noqa: E731
+    else:
+        dtype = _resolve_dtype(dtype)
+        if act_scaling not in ACT_SCALINGS:
+            raise ValueError(f"act_scaling must be one of {ACT_SCALINGS}, got {act_scaling!r}")
+        q = lambda w, n: quantize_weight(  # noqa: E731
+            w, dtype=dtype, weight_scaling=weight_scaling, act_scaling=act_scaling
+        )
     layers = dict(params["layers"])
     for name in BLOCK_LINEARS:
         if name in layers and not isinstance(layers[name], QuantArray):
-            layers[name] = q(layers[name])
+            layers[name] = q(layers[name], f"layers.{name}")
     out = dict(params)
     out["layers"] = layers
     for name in OPTIONAL_LINEARS if quantize_lm_head else ():
         head = params.get(name, params["embed"])  # lm_head; the embedding when tied
         if not isinstance(head, QuantArray):
-            out[name] = q(head)
+            out[name] = q(head, name)
     return out
 
 

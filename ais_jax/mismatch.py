@@ -16,6 +16,8 @@ depend on the advantages.
 
     python -m ais_jax.mismatch --model PATH_TO_HF_DIR_OR.gguf --task arithmetic
     python -m ais_jax.mismatch --model random:tiny --num-prompts 4 --json out.json
+    python -m ais_jax.mismatch --model LLADA_DIR --max-new-tokens 32 --block-length 8 \
+        --diffusion-steps 16            # a LLaDA checkpoint (ais_jax.llada.mismatch)
 
 ``--model random:tiny`` builds a small random model (character tokenizer) so
 that the CLI runs without files.  Prompts come from ``--prompts FILE`` (one
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=_temperature, default=1.0)
     ap.add_argument("--seed", type=_int_at_least(0), default=0)
     ap.add_argument("--lm-head-fp8", action="store_true", help="also quantize the lm_head")
+    ap.add_argument("--fp8-format", choices=("e4m3", "e5m2", "nvfp4", "mxfp4"), default="e4m3",
+                    help="rollout weight format (rollout.fp8_format): FP8 e4m3 / e5m2, or "
+                         "block-scaled FP4 nvfp4 / mxfp4 (weight-only, BF16 activations)")
     ap.add_argument("--act-scaling", choices=("tensor", "token"), default="tensor",
                     help="FP8 activation scales: per tensor (paper) or per token")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
@@ -91,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bf16-arm", action="store_true",
                     help="also sample with the trainer-precision params (on-policy reference)")
     ap.add_argument("--json", default=None, help="write the diagnostics to this file")
+    llada = ap.add_argument_group("LLaDA checkpoints (a --model directory whose config.json "
+                                  "is LLaDA's; --max-new-tokens is gen_length)")
+    llada.add_argument("--block-length", type=_int_at_least(1), default=32,
+                       help="semi-autoregressive block length (divides --max-new-tokens)")
+    llada.add_argument("--diffusion-steps", type=_int_at_least(1), default=64,
+                       help="denoising steps (a multiple of the number of blocks, <= gen_length)")
+    llada.add_argument("--p-mask", type=float, default=0.15,
+                       help="prompt masking probability of the diffu-GRPO estimator")
     return ap
 
 
@@ -232,8 +245,17 @@ def run(args: argparse.Namespace) -> dict:
 
     from ais_jax import fp8
     from ais_jax.grpo import sequence_logprobs
+    from ais_jax.llada.checkpoint import is_llada_dir
     from ais_jax.sampler import pad_prompts, sample
 
+    if is_llada_dir(args.model):
+        from ais_jax.llada.mismatch import run as run_llada
+
+        return run_llada(args)
+    fmt = getattr(args, "fp8_format", "e4m3")
+    if fmt in fp8.FP4_FORMATS and args.act_scaling != "tensor":
+        raise UsageError(f"--act-scaling {args.act_scaling} does not apply to --fp8-format {fmt} "
+                         "(FP4 formats keep activations in BF16); drop --act-scaling")
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     t0 = time.perf_counter()
     params, cfg, tok = load_model(args.model, dtype, args.seed)
@@ -246,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
                          f"{cfg.max_position_embeddings} positions")
     eos = cfg.eos_token_ids or ((cfg.eos_token_id,) if cfg.eos_token_id is not None else None)
     rollout = jax.jit(lambda p: fp8.to_rollout_params(
-        p, quantize_lm_head=args.lm_head_fp8, act_scaling=args.act_scaling))(params)
+        p, dtype=fmt, quantize_lm_head=args.lm_head_fp8, act_scaling=args.act_scaling))(params)
     G = args.samples
     seq_prompt = jnp.repeat(jnp.asarray(ptoks), G, axis=0)
     seq_pmask = jnp.repeat(jnp.asarray(pmask), G, axis=0)
@@ -260,7 +282,7 @@ def run(args: argparse.Namespace) -> dict:
                            "max_new_tokens": args.max_new_tokens,
                            "temperature": args.temperature, "lm_head_fp8": args.lm_head_fp8,
                            "act_scaling": args.act_scaling, "trainer_dtype": args.dtype,
-                           "kv_fp8": args.kv_fp8, "seed": args.seed,
+                           "kv_fp8": args.kv_fp8, "seed": args.seed, "fp8_format": fmt,
                            "advantages": "random +-1 per sequence (seeded)", "arms": {}}
     for name, p in arms.items():
         r = sample(p, ptoks, pmask, key, cfg, max_new_tokens=args.max_new_tokens,
@@ -286,9 +308,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     trainer = out["trainer_dtype"]
     print(f"model {out['model']}: {out['num_prompts']} prompts x {out['samples']} samples, "
-          f"<= {out['max_new_tokens']} new tokens, T={out['temperature']}, FP8 "
+          f"<= {out['max_new_tokens']} new tokens, T={out['temperature']}, "
+          f"{out['fp8_format'].upper()} "
           f"{'decoder + lm_head' if out['lm_head_fp8'] else 'decoder linears'}, "
-          f"activation scales per {out['act_scaling']}; logp_train from {trainer} forward")
+          + ("BF16 activations (weight-only FP4)" if out["fp8_format"] in ("nvfp4", "mxfp4")
+             else f"activation scales per {out['act_scaling']}")
+          + f"; logp_train from {trainer} forward (arm 'fp8': the rollout format)")
+    if out.get("family") == "llada":
+        print(f"LLaDA: responses of {out['max_new_tokens']} positions denoised by the rollout "
+              f"copy in blocks of {out['block_length']}, {out['diffusion_steps']} steps; both "
+              f"log-probs from the diffu-GRPO estimator with one shared prompt mask "
+              f"(p_mask={out['p_mask']})")
     print(format_table(out["arms"]))
     print(f"advantages for alpha: {out['advantages']}; {out['seconds']:.1f} s")
     if args.json:

@@ -268,6 +268,9 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
 
     if prompt_len < 1:
         raise UsageError(f"--prompt-len must be >= 1, got {prompt_len}")
+    if build.model_kind(cfg) == "llada":
+        raise UsageError("the memory plan models the autoregressive update only, not a LLaDA "
+                         "policy (model.kind=llada); see docs/llada.md, 'Not built yet'")
     model_cfg, origin = resolve_model_config(cfg)
     mesh = build.build_mesh(cfg)
     _check_batch(cfg, shd.batch_divisor(mesh))

@@ -108,7 +108,10 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         rewards = rewards + user @ weights if run.rewards else rewards
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
         if on_samples is not None:  # before the update: state is donated to it
-            stats = ratio_stats(to_host(logp_old), to_host(batch.logp), msk)
+            lo, lr = to_host(logp_old), to_host(batch.logp)
+            if lr.ndim == 3:  # LLaDA: [M, B, N], one estimate per inner iteration's masks
+                lo, lr = lo[0], lr[0]
+            stats = ratio_stats(lo, lr, msk)
             on_samples([codec.prompt_text(p) for p in flat], texts, rewards, stats)
         state, met = fns.update(state, batch, rewards_g, ukey, ref_params,
                                 logp_old if fns.score_for_update else None)

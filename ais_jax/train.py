@@ -196,17 +196,42 @@ def _already_done(cfg: Any, last: int, meta: dict[str, Any], summary: str,
 
 
 def _before_grpo(r: Any, state: Any, evaluate: Any, is_main: bool) -> tuple[Any, dict]:
-    """A fresh run: the warm start (scratch models), then the held-out evaluation before GRPO."""
-    from ais_jax.warmstart import warm_start
+    """A fresh run: the warm start (scratch models), then the held-out evaluation before GRPO.
+
+    The warm start's checks and stopping step go to ``out_dir/warm_start.json``
+    (and ``summary.json``'s ``warm_start`` at the end).
+    """
+    from ais_jax.warmstart import WarmStartLog, warm_start
 
     if r.fns.sft is not None:
         bar = _progress_fn("sft", r.cfg.log.progress and is_main)
-        state = state._replace(params=warm_start(r, state.params, bar))
+        log = WarmStartLog()
+        state = state._replace(params=warm_start(r, state.params, bar, log=log))
+        if is_main:
+            _report_warm_start(r.cfg, log)
     eval_before = evaluate(state.params)
     if is_main:
         print(f"held-out accuracy before GRPO: {_fmt_eval(eval_before)} "
               f"(n={eval_before['n']})", flush=True)
     return state, eval_before
+
+
+def _report_warm_start(cfg: Any, log: Any) -> None:
+    """Print where the warm start stopped; write its `WarmStartLog` to out_dir/warm_start.json."""
+    s = cfg.sft
+    if log.target > 0:
+        last = log.checks[-1]["accuracy"] if log.checks else float("nan")
+        how = (f"stopped at step {log.steps_run}" if log.reached else
+               f"did not reach it; ran all {log.steps_run} steps")
+        print(f"warm start: target greedy accuracy {log.target:g} on {s.check_size} "
+              f"training-split problems, {how} of at most {max(s.steps, s.max_steps)} (last "
+              f"check {last:.3f}, "
+              f"{len(log.checks)} checks)", flush=True)
+    else:
+        print(f"warm start: {log.steps_run} steps (no criterion: sft.target_accuracy=0)",
+              flush=True)
+    with open(os.path.join(cfg.out_dir, "warm_start.json"), "w") as f:
+        json.dump(log.as_dict(), f, indent=1)
 
 
 def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
@@ -221,18 +246,28 @@ def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
 def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
             compiles: dict[str, int]) -> None:
     """Export the final policy (HF directory + tokenizer), write summary.json, print the result."""
+    from ais_jax.placement import to_host as to_host_tree
     from ais_jax.pretrained import save_pretrained
 
     final = os.path.join(cfg.out_dir, "final")
-    save_pretrained(params, r.model_cfg, final)
+    if r.is_llada:
+        from ais_jax.llada.checkpoint import save as save_llada
+
+        save_llada(final, to_host_tree(params), r.model_cfg)
+    else:
+        save_pretrained(params, r.model_cfg, final)
     tok = r.codec.tokenizer
     if hasattr(tok, "save"):
         tok.save(final)
     elif hasattr(tok, "save_pretrained"):
         tok.save_pretrained(final)
+    summary = {"eval_before": eval_before, "eval_after": eval_after, "compiles": compiles,
+               "steps": cfg.train.steps}
+    with contextlib.suppress(OSError, ValueError), open(
+            os.path.join(cfg.out_dir, "warm_start.json")) as f:
+        summary["warm_start"] = json.load(f)  # written by _before_grpo, kept across resumes
     with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-        json.dump({"eval_before": eval_before, "eval_after": eval_after, "compiles": compiles,
-                   "steps": cfg.train.steps}, f, indent=1)
+        json.dump(summary, f, indent=1)
     print(f"held-out accuracy after GRPO: {_fmt_eval(eval_after)} (before: "
           f"{_fmt_eval(eval_before)}); policy exported to {final}", flush=True)
 

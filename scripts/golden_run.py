@@ -21,7 +21,8 @@ GOLDEN = os.path.join(ROOT, "tests", "golden", "golden_run.json")
 # policy with a nonzero reward spread; two minibatches and a KL term so the
 # shuffle and reference-policy paths are guarded too.
 OVERRIDES = [
-    "sft.steps=60", "sft.warmup_steps=10", "train.steps=4", "train.learning_rate=1e-3",
+    "sft.steps=60", "sft.warmup_steps=10", "sft.target_accuracy=0", "train.steps=4",
+    "train.learning_rate=1e-3",
     "train.minibatches=2", "train.beta_kl=0.01", "rollout.prompts_per_step=8",
     "task.eval_size=16", "task.difficulty.digits=1", "eval.every=2", "eval.num_samples=2",
     "checkpoint.every=2", "log.tensorboard=false", "log.progress=false",

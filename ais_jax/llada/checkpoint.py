@@ -69,8 +69,8 @@ def config_from_dict(d: dict) -> LLaDAConfig:
     if "mask_token_id" not in d:
         raise ValueError("LLaDA config: missing 'mask_token_id' (126336 for LLaDA-8B)")
     cfg_kwargs: dict[str, Any] = {}
-    for key in ("eos_token_id", "pad_token_id"):
-        if isinstance(d.get(key), int):
+    for key in ("eos_token_id", "pad_token_id", "max_sequence_length"):
+        if isinstance(d.get(key), int) and not isinstance(d.get(key), bool):
             cfg_kwargs[key] = d[key]
     try:
         return LLaDAConfig(
@@ -94,11 +94,22 @@ def config_to_dict(cfg: LLaDAConfig) -> dict:
         "vocab_size": text_v, "embedding_size": cfg.vocab_size,
         "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
         "mask_token_id": cfg.mask_token_id, "weight_tying": cfg.tie_embeddings,
+        "max_sequence_length": cfg.max_sequence_length,
     }
     for key in ("eos_token_id", "pad_token_id"):
         if getattr(cfg, key) is not None:
             d[key] = getattr(cfg, key)
     return d
+
+
+def is_llada_dir(path: str) -> bool:
+    """Whether ``path`` is a directory whose ``config.json`` is a LLaDA (OLMo-style) config."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and (d.get("model_type") == "llada" or "d_model" in d)
 
 
 def _open_files(path: str) -> list[str]:

@@ -56,6 +56,7 @@ class LLaDAConfig:
     text_vocab_size: int | None = None  # config vocab_size when embedding_size pads it
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    max_sequence_length: int = 4096  # prompt + response positions the model was trained on
 
     def __post_init__(self) -> None:
         if self.text_vocab_size is None:
@@ -82,6 +83,11 @@ class LLaDAConfig:
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive, got "
                              f"{self.rms_norm_eps!r}, {self.rope_theta!r}")
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """``max_sequence_length`` under `ais_jax.model.ModelConfig`'s name."""
+        return self.max_sequence_length
 
     @property
     def head_dim(self) -> int:

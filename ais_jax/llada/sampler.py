@@ -175,3 +175,24 @@ def _generate(params, prompt, prompt_mask, key, *, cfg, gen_length, block_length
             jnp.full((R, N), -1, jnp.int32))
     gen, logprobs, reveal_step = jax.lax.fori_loop(0, steps, step, init)
     return DiffusionSample(jnp.concatenate([prompt, gen], axis=1), logprobs, reveal_step)
+
+
+def completion_mask(tokens: jax.Array, eos_ids: tuple[int, ...] | None) -> jax.Array:
+    """Valid positions of denoised responses: up to and including the first EOS.
+
+    LLaDA learns to fill the rest of its ``gen_length`` with EOS (its SFT pads
+    answers with EOS), so a variable-length answer is the prefix through the
+    first EOS; what follows is padding for the verifier and the loss.
+
+    Args:
+      tokens: ``[R, N]`` int responses.
+      eos_ids: ids ending a response; empty or None: every position is valid.
+
+    Returns:
+      ``[R, N]`` bool.
+    """
+    if not eos_ids:
+        return jnp.ones(tokens.shape, jnp.bool_)
+    is_eos = jnp.isin(tokens, jnp.asarray(eos_ids, tokens.dtype))
+    before = jnp.cumsum(is_eos, axis=1) - is_eos  # EOS strictly before each position
+    return before == 0
