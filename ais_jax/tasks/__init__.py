@@ -1,24 +1,27 @@
 """Verifiable reasoning tasks: generators, prompt formats, verifiers, rewards and evaluation.
 
-Built-in tasks (``TASKS``): ``countdown``, ``sudoku``, ``arithmetic`` and
-``gsm_synth`` (procedural GSM8K-style word problems).  GSM8K / MATH files are
+Built-in tasks (``TASKS``): ``countdown``, ``sudoku``, ``arithmetic``,
+``gsm_synth`` (procedural GSM8K-style word problems) and ``multiplication``
+(multi-digit products with a long written scratchpad).  GSM8K / MATH files are
 loaded with `load_jsonl` and wrapped with `dataset_task`; reasoning-gym
 datasets with `reasoning_gym_task` (optional dependency).
 
 Compact prompts (for the character-level model, `CharTokenizer`) and the
 expected completion, which is ``problem.answer``:
 
-=============  ==========================  ==================
-task           compact prompt              completion
-=============  ==========================  ==================
-countdown      ``3 5 7>22:``               ``3*5+7``
-sudoku         ``1.3..4..2.....2.=``       ``1234341221434321``
-arithmetic     ``12+7*3=``                 ``33``
-gsm_synth      ``<question>=``             ``21``
-=============  ==========================  ==================
+==============  =====================  ========================
+task            compact prompt         completion
+==============  =====================  ========================
+countdown       ``3 5 7>22:``          ``3*5+7``
+sudoku          ``1.3..4..2.....2.=``  ``1234341221434321``
+arithmetic      ``12+7*3=``            ``33``
+gsm_synth       ``<question>=``        ``21``
+multiplication  ``347*286=``           ``347*6=2082;...#99242``
+==============  =====================  ========================
 
 Chat prompts (``task.chat_messages(problem)``) ask for ``<answer>...</answer>``
-(countdown, sudoku, arithmetic) or ``\\boxed{...}`` (gsm_synth, loaded math).
+(countdown, sudoku, arithmetic, multiplication) or ``\\boxed{...}`` (gsm_synth,
+loaded math).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ais_jax.errors import UsageError
-from ais_jax.tasks import arithmetic, countdown, gsm_synth, sudoku
+from ais_jax.tasks import arithmetic, countdown, gsm_synth, multiplication, sudoku
 from ais_jax.tasks.base import Problem, Task, split_of
 from ais_jax.tasks.evaluate import EvalResult, evaluate, pass_at_k
 from ais_jax.tasks.math_qa import dataset_task, load_jsonl
@@ -45,7 +48,8 @@ from ais_jax.tasks.rewards import (
 from ais_jax.tasks.tokenizer import CharTokenizer
 
 TASKS: dict[str, Task] = {
-    t.name: t for t in (countdown.TASK, sudoku.TASK, arithmetic.TASK, gsm_synth.TASK)
+    t.name: t
+    for t in (countdown.TASK, sudoku.TASK, arithmetic.TASK, gsm_synth.TASK, multiplication.TASK)
 }
 
 

@@ -7,14 +7,17 @@ from ais_jax.tasks import base, countdown, sudoku
 
 
 def test_registry():
-    assert set(tasks.TASKS) == {"countdown", "sudoku", "arithmetic", "gsm_synth"}
+    assert set(tasks.TASKS) == {
+        "countdown", "sudoku", "arithmetic", "gsm_synth", "multiplication"}
     for name, task in tasks.TASKS.items():
         assert tasks.get_task(name) is task and task.name == name
     with pytest.raises(
         ValueError, match=r"unknown task 'sudoku9'.*arithmetic.*Did you mean 'sudoku'"
     ):
         tasks.get_task("sudoku9")
-    with pytest.raises(ValueError, match="valid tasks: arithmetic, countdown, gsm_synth, sudoku"):
+    with pytest.raises(
+        ValueError, match="valid tasks: arithmetic, countdown, gsm_synth, multiplication, sudoku"
+    ):
         tasks.get_task("zzzzzz")
 
 
