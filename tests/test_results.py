@@ -41,3 +41,22 @@ def test_steps_to_threshold_and_mean_sd():
     assert compare.steps_to(run, 1.01) is None
     assert compare.mean_sd([1.0, 2.0, 3.0], 2) == "2.00 ± 1.00"
     assert compare.mean_sd([0.5], 3) == "0.500"
+
+
+def test_llada_results_md_regenerates_from_logs():
+    spec = importlib.util.spec_from_file_location(
+        "llada_arms", os.path.join(ROOT, "experiments", "llada_arms.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(os.path.join(ROOT, "docs", "results_llada.md")) as f:
+        assert mod.render() == f.read()
+
+
+def test_paired_bootstrap_interval_brackets_the_mean():
+    spec = importlib.util.spec_from_file_location(
+        "llada_arms", os.path.join(ROOT, "experiments", "llada_arms.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lo, hi = mod._bootstrap_ci([0.01, 0.03, 0.05])
+    assert 0.01 - 1e-12 <= lo < 0.03 < hi <= 0.05 + 1e-12  # means of resampled entries
+    assert mod._bootstrap_ci([0.02, 0.02]) == pytest.approx((0.02, 0.02))
