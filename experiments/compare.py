@@ -88,11 +88,14 @@ def runs() -> dict[str, tuple[str, ...]]:
 # ------------------------------------------------------------------------ run
 
 
-def run_one(name: str, overrides: Sequence[str], scratch: str) -> None:
+def run_one(name: str, overrides: Sequence[str], scratch: str, config: str = CONFIG) -> None:
+    """Train ``config`` + COMMON + ``overrides`` in ``scratch/name``; copy the raw logs (and
+    ``run.json``: command, wall time, load averages) to ``experiments/logs/name``."""
     out_dir = os.path.join(scratch, name)
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "ais_jax.train", "--config", CONFIG, f"out_dir={out_dir}",
+    cmd = [sys.executable, "-m", "ais_jax.train", "--config", config, f"out_dir={out_dir}",
            *COMMON, *overrides]
+    load0 = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -103,9 +106,11 @@ def run_one(name: str, overrides: Sequence[str], scratch: str) -> None:
     os.makedirs(dest, exist_ok=True)
     for f in ("metrics.jsonl", "summary.json"):
         shutil.copy(os.path.join(out_dir, f), os.path.join(dest, f))
-    shown = ["python", "-m", "ais_jax.train", "--config", CONFIG, *COMMON, *overrides]
+    shown = ["python", "-m", "ais_jax.train", "--config", config, *COMMON, *overrides]
     with open(os.path.join(dest, "run.json"), "w") as f:
-        json.dump({"command": " ".join(shown), "wall_s": round(wall, 1)}, f, indent=1)
+        json.dump({"command": " ".join(shown), "wall_s": round(wall, 1),
+                   "load_avg_start": [round(x, 2) for x in load0],
+                   "load_avg_end": [round(x, 2) for x in os.getloadavg()]}, f, indent=1)
         f.write("\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     print(f"{name}: {wall:.0f} s", flush=True)

@@ -19,10 +19,8 @@ quarter of the cost.  Raw logs (``metrics.jsonl``, ``summary.json``,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -40,7 +38,6 @@ ARMS = {  # the paper's four arms
     "fp8_tis": ("rollout.precision=fp8", "ais.mode=tis"),
     "fp8_ais": ("rollout.precision=fp8", "ais.mode=ais"),
 }
-COMMON = ("checkpoint.every=0", "log.progress=false", "log.tensorboard=false")
 
 
 def warm_dir(base: str, seed: int) -> str:
@@ -61,7 +58,7 @@ def cmd_warm(seeds: Sequence[int], base: str) -> None:
             continue
         t0 = time.perf_counter()
         cfg = load_config(os.path.join(ROOT, CONFIG),
-                          [f"seed={seed}", f"out_dir={dest}.run", *COMMON])
+                          [f"seed={seed}", f"out_dir={dest}.run", *_compare().COMMON])
         run = build_run(cfg)
         params = warm_start(run, run.state.params)
         save(dest, to_host(params), run.model_cfg)
@@ -70,33 +67,17 @@ def cmd_warm(seeds: Sequence[int], base: str) -> None:
         print(f"warm start seed {seed}: {time.perf_counter() - t0:.0f} s -> {dest}", flush=True)
 
 
-def run_one(name: str, overrides: Sequence[str], scratch: str) -> None:
-    out_dir = os.path.join(scratch, name)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shown = ["python", "-m", "ais_jax.train", "--config", CONFIG, *COMMON, *overrides]
-    cmd = [sys.executable, *shown[1:], f"out_dir={out_dir}"]
-    load0 = os.getloadavg()
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"run {name} failed with status {proc.returncode}")
-    dest = os.path.join(LOGS, name)
-    os.makedirs(dest, exist_ok=True)
-    for f in ("metrics.jsonl", "summary.json"):
-        shutil.copy(os.path.join(out_dir, f), os.path.join(dest, f))
-    with open(os.path.join(dest, "run.json"), "w") as f:
-        json.dump({"command": " ".join(shown), "wall_s": round(wall, 1),
-                   "load_avg_start": [round(x, 2) for x in load0],
-                   "load_avg_end": [round(x, 2) for x in os.getloadavg()]}, f, indent=1)
-        f.write("\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    print(f"{name}: {wall:.0f} s", flush=True)
+def _compare():
+    """experiments/compare.py (its ``run_one`` / ``load`` / ``run_stats``), importable from here."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import compare
+
+    return compare
 
 
 def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str,
             dry_run: bool) -> None:
+    run_one = _compare().run_one
     for seed in seeds:
         src = warm_dir(base, seed)
         for arm in arms:
@@ -108,7 +89,7 @@ def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str,
             if dry_run:
                 print(name, " ".join(ov))
             else:
-                run_one(name, ov, scratch)
+                run_one(name, ov, scratch, CONFIG)
 
 
 def _bootstrap_ci(xs: Sequence[float], reps: int = 10_000) -> tuple[float, float]:
@@ -125,8 +106,8 @@ def render() -> str:
     """docs/results_llada.md from experiments/logs/llada_<arm>_s<seed> (deterministic)."""
     import numpy as np
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from compare import load, mean_sd, run_stats, series
+    c = _compare()
+    load, mean_sd, run_stats, series = c.load, c.mean_sd, c.run_stats, c.series
 
     runs = {}
     for arm in ARMS:
