@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -139,7 +140,12 @@ def load_model(path: str, dtype: Any, seed: int):
 
     try:
         params, cfg = pretrained.load_pretrained(path, dtype)
-        tok = pretrained.load_tokenizer(path)
+        if os.path.isfile(os.path.join(path, "char_tokenizer.json")):
+            from ais_jax.tasks import CharTokenizer
+
+            tok = CharTokenizer.load(path)  # a policy exported by a scratch run of the CLI
+        else:
+            tok = pretrained.load_tokenizer(path)
     except (pretrained.CheckpointError, OSError, ValueError) as e:
         raise UsageError(str(e).splitlines()[0] if str(e) else repr(e)) from None
     return params, cfg, tok

@@ -92,16 +92,6 @@ def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str,
                 run_one(name, ov, scratch, CONFIG)
 
 
-def _bootstrap_ci(xs: Sequence[float], reps: int = 10_000) -> tuple[float, float]:
-    """95% percentile CI of the mean of ``xs`` by resampling its entries (seeds)."""
-    import numpy as np
-
-    a = np.asarray(xs, np.float64)
-    idx = np.random.default_rng(0).integers(0, len(a), size=(reps, len(a)))
-    means = a[idx].mean(axis=1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
-
 def render() -> str:
     """docs/results_llada.md from experiments/logs/llada_<arm>_s<seed> (deterministic)."""
     import numpy as np
@@ -156,7 +146,7 @@ def render() -> str:
             continue
         for key, label in (("greedy_after", "greedy"), ("sampled_after", "sampled")):
             d = [runs[arm, s][key] - runs["fp8", s][key] for s in seeds]
-            lo, hi = _bootstrap_ci(d)
+            lo, hi = _compare().bootstrap_ci(d)
             per = ", ".join(f"s{s} {x:+.3f}" for s, x in zip(seeds, d, strict=True))
             out.append(f"| {arm} | {label} | {per} | {np.mean(d):+.3f} [{lo:+.3f}, {hi:+.3f}] |")
     if os.path.exists(NOTES):

@@ -31,6 +31,25 @@ def test_random_tiny_run_prints_table_and_json(tmp_path, capsys):
         <= arm["abs_delta_max"]
 
 
+def test_scratch_export_with_char_tokenizer_loads(tmp_path, capsys):
+    """A policy exported by a scratch run (HF weights + char_tokenizer.json) is a valid --model,
+    and its prompts are encoded with the character tokenizer it was trained with."""
+    from ais_jax.pretrained import save_pretrained
+
+    params, cfg, tok = mismatch._tiny_model(0)
+    save_pretrained(params, cfg, str(tmp_path / "policy"))
+    tok.save(str(tmp_path / "policy"))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("12*345=\n")
+    out = tmp_path / "m.json"
+    rc = mismatch.main(["--model", str(tmp_path / "policy"), "--prompts", str(prompts),
+                        "--num-prompts", "2", "--samples", "2", "--max-new-tokens", "4",
+                        "--decode-segments", "1", "--json", str(out)])
+    assert rc == 0
+    arm = json.loads(out.read_text())["arms"]["fp8"]
+    assert arm["num_sequences"] == 4 and 0 < arm["num_tokens"] <= 16
+
+
 def test_diagnostics_known_values():
     lt = np.array([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], np.float32)
     lr = np.array([[-1.1, -1.8, 9.0], [-0.5, -0.4, -0.7]], np.float32)

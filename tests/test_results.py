@@ -53,10 +53,34 @@ def test_llada_results_md_regenerates_from_logs():
 
 
 def test_paired_bootstrap_interval_brackets_the_mean():
+    mod = _compare()
+    lo, hi = mod.bootstrap_ci([0.01, 0.03, 0.05])
+    assert 0.01 - 1e-12 <= lo < 0.03 < hi <= 0.05 + 1e-12  # means of resampled entries
+    assert mod.bootstrap_ci([0.02, 0.02]) == pytest.approx((0.02, 0.02))
+    # known answer: two values; the resampled mean is 0, 0.5 or 1 with prob 1/4, 1/2, 1/4
+    assert mod.bootstrap_ci([0.0, 1.0]) == pytest.approx((0.0, 1.0))
+
+
+def _long_arms():
     spec = importlib.util.spec_from_file_location(
-        "llada_arms", os.path.join(ROOT, "experiments", "llada_arms.py"))
+        "long_arms", os.path.join(ROOT, "experiments", "long_arms.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    lo, hi = mod._bootstrap_ci([0.01, 0.03, 0.05])
-    assert 0.01 - 1e-12 <= lo < 0.03 < hi <= 0.05 + 1e-12  # means of resampled entries
-    assert mod._bootstrap_ci([0.02, 0.02]) == pytest.approx((0.02, 0.02))
+    return mod
+
+
+def test_long_arms_grid_names_and_overrides():
+    mod = _long_arms()
+    grid = mod.planned([0, 1], ["e4m3", "nvfp4"], ["none", "ais"])
+    assert sorted(grid) == sorted(
+        ["long_bf16_s0", "long_bf16_s1"]
+        + [f"long_{st}_{a}_s{sd}" for st in ("e4m3", "nvfp4") for a in ("none", "ais")
+           for sd in (0, 1)])
+    assert grid["long_bf16_s1"] == ("seed=1", "rollout.precision=bf16", "ais.mode=none")
+    assert grid["long_nvfp4_ais_s0"] == ("seed=0", *mod.SETTINGS["nvfp4"], "ais.mode=ais")
+    assert "long_bf16_s0" not in mod.planned([0], ["e4m3"], ["none"], with_bf16=False)
+    # every arm's overrides are valid config keys and values
+    from ais_jax.config import load_config
+
+    for ov in grid.values():
+        load_config(os.path.join(ROOT, mod.CONFIG), [*mod.FROM_WARM, *ov])
