@@ -227,6 +227,7 @@ def prefill(
     *,
     dtype: Any = None,
     fp8: bool = False,
+    last_only: bool = False,
 ) -> tuple[jax.Array, KVCache]:
     """Full causal pass over left-padded prompts that keeps their keys / values.
 
@@ -243,9 +244,14 @@ def prefill(
       length: cache slots ``S``.
       dtype: cache element type (default: the embedding's dtype).
       fp8: FP8 cache (see `init_cache`).
+      last_only: apply the output projection to the last position only (what a
+        sampler needs: ``[B, 1, V]`` instead of ``[B, T, V]``, which at a 150k
+        vocabulary is the largest buffer of a long prompt's prefill).  An FP8
+        lm_head then scales its activations over those rows only, as an
+        inference engine that projects only the last position does.
 
     Returns:
-      ``(logits [B, T, V] float32, cache)``.
+      ``(logits [B, T, V] float32, cache)``; ``[B, 1, V]`` with ``last_only``.
     """
     B, T = tokens.shape
     mask = mask.astype(jnp.bool_)
@@ -266,6 +272,8 @@ def prefill(
     cache = KVCache(k=_cache_write(cache.k, ks, K_LAYOUT, _ALL, zero),
                     v=_cache_write(cache.v, vs, V_LAYOUT, _ALL, zero), valid=valid,
                     pos=jnp.sum(mask, -1, dtype=jnp.int32), index=jnp.full((), T, jnp.int32))
+    if last_only:
+        x, mask = x[:, -1:], mask[:, -1:]
     return _logits(params, x, cfg, mask), cache
 
 

@@ -240,7 +240,7 @@ def _sample_impl(
 
     # Prefill each prompt once, then share its cache across the G samples.
     logits, cache = decode_lib.prefill(params, prompt_tokens, prompt_mask, cfg, P, dtype=dtype,
-                                       fp8=kv_fp8)  # [B0, P, V]
+                                       fp8=kv_fp8, last_only=True)  # [B0, 1, V]
     last_logits = jnp.repeat(logits[:, -1], G, axis=0)  # [B, V]
     tok, lp = draw(jnp.int32(0), last_logits)
     state = _DecodeState(

@@ -104,6 +104,36 @@ def test_prefill_equals_extend_on_an_empty_cache():
         np.testing.assert_array_equal(a, b)
 
 
+def test_prefill_last_only_is_the_last_position_of_the_full_logits():
+    cfg = FULL
+    params = _random_params(cfg)
+    tokens, mask = _left_padded(cfg, 3, 6, [0, 1, 4])
+    full, c_full = decode.prefill(params, tokens, mask, cfg, 9, dtype=jnp.float32)
+    last, c_last = decode.prefill(params, tokens, mask, cfg, 9, dtype=jnp.float32,
+                                  last_only=True)
+    assert last.shape == (3, 1, cfg.vocab_size)
+    np.testing.assert_allclose(last[:, 0], full[:, -1], atol=1e-5)
+    np.testing.assert_array_equal(c_last.k, c_full.k)  # the cache does not depend on it
+
+
+def test_sampler_prefill_does_not_materialize_prompt_logits():
+    """Ahead-of-time plan: with a 32k vocabulary and 256-token prompts the compiled sampler's
+    scratch memory stays far below the [B, P, V] float32 logits of every prompt position."""
+    from ais_jax import model as model_lib
+    from ais_jax import sampler
+
+    cfg = dataclasses.replace(TINY, vocab_size=32768)
+    params = jax.eval_shape(lambda k: model_lib.init_params(k, cfg), jax.random.key(0))
+    B0, P = 8, 256
+    compiled = sampler._sample_jit.lower(
+        params, jax.ShapeDtypeStruct((B0, P), jnp.int32), jax.ShapeDtypeStruct((B0, P), bool),
+        jax.eval_shape(lambda: jax.random.key(0)), cfg=cfg, max_new_tokens=4,
+        temperature=1.0, top_k=0, top_p=1.0, eos_ids=(1,), pad_id=0, num_samples=1,
+        kv_fp8=False, segments=1, transpose=True, scan_layers=False).compile()
+    full_logits = B0 * P * cfg.vocab_size * 4
+    assert compiled.memory_analysis().temp_size_in_bytes < full_logits / 8
+
+
 @pytest.mark.parametrize("scan", [True, False])
 def test_fp8_cache_stays_close_to_the_full_precision_one(scan):
     cfg = dataclasses.replace(TINY, num_layers=3)
