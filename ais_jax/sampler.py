@@ -67,8 +67,9 @@ import numpy as np
 
 from ais_jax import decode as decode_lib
 from ais_jax import model as model_lib
-from ais_jax.distributions import check_temperature, sample_logits_u
+from ais_jax.distributions import sample_logits_u
 from ais_jax.fp8 import BLOCK_LINEARS, QuantArray
+from ais_jax.sampler_args import check_int, validate_sample_args
 
 
 class Rollout(NamedTuple):
@@ -296,70 +297,6 @@ _sample_jit = jax.jit(
 # ----------------------------------------------------------------------------- public API
 
 
-def _is_concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
-def _check_int(name: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    return int(v)
-
-
-def _validate(prompt_tokens, prompt_mask, cfg, max_new_tokens, temperature, top_k, top_p,
-              eos_id, num_samples, pad_id) -> tuple[tuple[int, ...], int]:
-    if prompt_tokens.ndim != 2:
-        raise ValueError(f"prompt_tokens must be [B, P], got shape {prompt_tokens.shape}")
-    if prompt_mask.shape != prompt_tokens.shape:
-        raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_tokens shape "
-                         f"{prompt_tokens.shape}")
-    B0, P = prompt_tokens.shape
-    if B0 == 0:
-        raise ValueError("empty batch: prompt_tokens has 0 rows")
-    if P == 0:
-        raise ValueError("empty prompts: prompt_tokens has 0 columns; give at least one token")
-    N = _check_int("max_new_tokens", max_new_tokens, 1)
-    _check_int("num_samples", num_samples, 1)
-    _check_int("top_k", top_k, 0)
-    check_temperature(temperature)  # finite, and 0 (greedy) or >= MIN_TEMPERATURE
-    if not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    V = cfg.vocab_size
-    if eos_id is None:
-        eos_ids: tuple[int, ...] = ()
-    elif isinstance(eos_id, int | np.integer):
-        eos_ids = (int(eos_id),)
-    else:
-        eos_ids = tuple(int(e) for e in eos_id)
-    for e in eos_ids:
-        if not 0 <= e < V:
-            raise ValueError(f"eos_id {e} is outside the vocabulary [0, {V})")
-    if pad_id is None:
-        pad_id = eos_ids[0] if eos_ids else 0
-    if not 0 <= int(pad_id) < V:
-        raise ValueError(f"pad_id {pad_id} is outside the vocabulary [0, {V})")
-    max_pos = cfg.max_position_embeddings
-    longest = P
-    if _is_concrete(prompt_mask):
-        m = np.asarray(prompt_mask).astype(bool)
-        lengths = m.sum(-1)
-        if (lengths == 0).any():
-            raise ValueError(f"prompt row {int(np.argmin(lengths))} has no tokens (mask all 0)")
-        if (np.diff(m.astype(np.int8), axis=-1) < 0).any():
-            raise ValueError("prompts must be left-padded: mask must be 0...0 1...1 in each row")
-        longest = int(lengths.max())
-    if _is_concrete(prompt_tokens):
-        t = np.asarray(prompt_tokens)
-        if t.size and (t.min() < 0 or t.max() >= V):
-            raise ValueError(f"prompt token ids must be in [0, {V}), got range "
-                             f"[{t.min()}, {t.max()}]")
-    if longest + N > max_pos:
-        raise ValueError(
-            f"prompt ({longest} tokens) + max_new_tokens ({N}) exceeds the model's "
-            f"max_position_embeddings ({max_pos}); shorten the prompt or the budget")
-    return eos_ids, int(pad_id)
-
-
 def sample(
     params: dict,
     prompt_tokens: jax.Array,
@@ -420,10 +357,10 @@ def sample(
         else prompt_tokens
     prompt_mask = jnp.asarray(prompt_mask) if isinstance(prompt_mask, np.ndarray | list) \
         else prompt_mask
-    eos_ids, pad_id = _validate(prompt_tokens, prompt_mask, cfg, max_new_tokens, temperature,
-                                top_k, top_p, eos_id, num_samples, pad_id)
+    eos_ids, pad_id = validate_sample_args(prompt_tokens, prompt_mask, cfg, max_new_tokens,
+                                           temperature, top_k, top_p, eos_id, num_samples, pad_id)
     segments = (default_segments(int(max_new_tokens)) if decode_segments is None
-                else _check_int("decode_segments", decode_segments, 1))
+                else check_int("decode_segments", decode_segments, 1))
     scan = decode_lib.scan_layers_default(cfg) if scan_layers is None else bool(scan_layers)
     return _sample_jit(
         params, prompt_tokens.astype(jnp.int32), prompt_mask.astype(jnp.bool_), key,
