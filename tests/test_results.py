@@ -8,12 +8,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _compare():
+def _experiment(name: str):
+    """experiments/<name>.py as a module."""
     spec = importlib.util.spec_from_file_location(
-        "compare", os.path.join(ROOT, "experiments", "compare.py"))
+        name, os.path.join(ROOT, "experiments", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _compare():
+    return _experiment("compare")
 
 
 def test_results_md_regenerates_from_logs(tmp_path):
@@ -44,10 +49,7 @@ def test_steps_to_threshold_and_mean_sd():
 
 
 def test_llada_results_md_regenerates_from_logs():
-    spec = importlib.util.spec_from_file_location(
-        "llada_arms", os.path.join(ROOT, "experiments", "llada_arms.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _experiment("llada_arms")
     with open(os.path.join(ROOT, "docs", "results_llada.md")) as f:
         assert mod.render() == f.read()
 
@@ -61,16 +63,8 @@ def test_paired_bootstrap_interval_brackets_the_mean():
     assert mod.bootstrap_ci([0.0, 1.0]) == pytest.approx((0.0, 1.0))
 
 
-def _long_arms():
-    spec = importlib.util.spec_from_file_location(
-        "long_arms", os.path.join(ROOT, "experiments", "long_arms.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_long_arms_grid_names_and_overrides():
-    mod = _long_arms()
+    mod = _experiment("long_arms")
     grid = mod.planned([0, 1], ["e4m3", "nvfp4"], ["none", "ais"])
     assert sorted(grid) == sorted(
         ["long_bf16_s0", "long_bf16_s1"]

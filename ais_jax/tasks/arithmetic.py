@@ -28,7 +28,8 @@ import random
 from ais_jax.tasks import base
 from ais_jax.tasks.equivalence import parse_number
 from ais_jax.tasks.expr import evaluate
-from ais_jax.tasks.extract import last_tag, tagged_or_whole
+from ais_jax.tasks.extract import has_answer_tag as format_ok
+from ais_jax.tasks.extract import tagged_or_whole
 
 NAME = "arithmetic"
 OPS = "+-*/"
@@ -140,11 +141,6 @@ def forgotten_carries(problem: base.Problem) -> str:
     width = max(len(t) for t in terms)
     columns = [sum(int(t.rjust(width, "0")[i]) for t in terms) % 10 for i in range(width)]
     return str(int("".join(map(str, columns))))
-
-
-def format_ok(text: str) -> bool:
-    """Whether the completion gives a non-empty ``<answer>...</answer>``."""
-    return bool(last_tag(text))
 
 
 TASK = base.Task(

@@ -33,7 +33,8 @@ from typing import NamedTuple
 
 from ais_jax.tasks import base
 from ais_jax.tasks.expr import evaluate
-from ais_jax.tasks.extract import last_tag, tagged_or_whole
+from ais_jax.tasks.extract import has_answer_tag as format_ok
+from ais_jax.tasks.extract import tagged_or_whole
 
 NAME = "countdown"
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -188,11 +189,6 @@ def verify(text: str, problem: base.Problem) -> bool:
     return _literals_ok(
         result.literals, tuple(problem.metadata["numbers"]), problem.metadata["use_all"]
     )
-
-
-def format_ok(text: str) -> bool:
-    """Whether the completion gives a non-empty ``<answer>...</answer>``."""
-    return bool(last_tag(text))
 
 
 TASK = base.Task(

@@ -45,6 +45,15 @@ def last_tag(text: str, tag: str = "answer") -> str | None:
     return content if len(content) <= MAX_ANSWER_CHARS else None
 
 
+def has_answer_tag(text: str) -> bool:
+    """Whether the completion gives a non-empty ``<answer>...</answer>`` (a task's ``format_ok``).
+
+    Args:
+      text: the completion.
+    """
+    return bool(last_tag(text))
+
+
 def _braced(text: str, start: int) -> str | None:
     """The content of the brace group opening at ``text[start] == "{"``, or None.
 

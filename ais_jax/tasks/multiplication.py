@@ -44,7 +44,8 @@ import random
 import re
 
 from ais_jax.tasks import base
-from ais_jax.tasks.extract import last_tag, tagged_or_whole
+from ais_jax.tasks.extract import has_answer_tag as format_ok
+from ais_jax.tasks.extract import tagged_or_whole
 
 NAME = "multiplication"
 MARKER = "#"
@@ -252,11 +253,6 @@ def forgotten_shift(problem: base.Problem) -> str:
     a, b = problem.metadata["a"], problem.metadata["b"]
     flawed = [(m, p // 10 ** (len(str(m)) - 1)) for m, p in partial_products(a, b)]
     return _scratchpad(a, flawed)
-
-
-def format_ok(text: str) -> bool:
-    """Whether the completion gives a non-empty ``<answer>...</answer>``."""
-    return bool(last_tag(text))
 
 
 TASK = base.Task(

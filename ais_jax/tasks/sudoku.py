@@ -31,7 +31,8 @@ import random
 from collections.abc import Sequence
 
 from ais_jax.tasks import base
-from ais_jax.tasks.extract import last_tag, tagged_or_whole
+from ais_jax.tasks.extract import has_answer_tag as format_ok
+from ais_jax.tasks.extract import tagged_or_whole
 
 NAME = "sudoku"
 SIZES = (4, 9)
@@ -260,11 +261,6 @@ def verify(text: str, problem: base.Problem) -> bool:
     return all(
         p == "." or int(p) == v for p, v in zip(problem.metadata["puzzle"], cells, strict=True)
     )
-
-
-def format_ok(text: str) -> bool:
-    """Whether the completion gives a non-empty ``<answer>...</answer>``."""
-    return bool(last_tag(text))
 
 
 TASK = base.Task(
