@@ -156,6 +156,7 @@ class TrainSection:
     beta_kl: float = 0.0  # weight of the k3 KL penalty to the reference policy; 0 disables
     loss_aggregation: str = "token_mean"  # token_mean | seq_mean_token_mean | constant
     reward_format_weight: float = 0.0  # reward bonus for a well-formed answer (chat prompts)
+    rng_stream: int = 0  # RL-step key stream of the seed (0 = its own); noise-floor arm of studies
 
 
 @dataclass(frozen=True)

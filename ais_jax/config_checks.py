@@ -128,7 +128,7 @@ def _validate_train(tr: TrainSection, r: RolloutSection) -> None:
     _at_least("train", tr, ("epochs", "minibatches"), 1)
     _require(tr.clip_eps > 0, f"train.clip_eps must be > 0, got {tr.clip_eps}")
     nonnegative = ("warmup_steps", "clip_norm", "weight_decay", "clip_eps_high", "beta_kl",
-                   "micro_batch_size", "logprob_chunk")
+                   "micro_batch_size", "logprob_chunk", "rng_stream")
     _at_least("train", tr, (*nonnegative, "reward_format_weight"), 0)
     batch = r.prompts_per_step * r.group_size
     _require(

@@ -135,6 +135,8 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
     rl_step = make_rl_step(r, ref_params)
     start = start or 0
     root = jax.random.key(cfg.seed)
+    if cfg.train.rng_stream:  # another key stream: same problems, warm start and evaluation
+        root = jax.random.fold_in(root, 1_000_000 + cfg.train.rng_stream)
     bar = _progress_fn("grpo", cfg.log.progress and is_main, initial=start, total=steps)
     loop = bar(range(start, steps)) if bar else range(start, steps)
     profiler = runtime.StepProfiler(cfg.runtime, start, is_main, jax.process_index(),

@@ -3,6 +3,8 @@
     python experiments/long_arms.py warm --seeds 0 1 2      # one warm start per seed
     python experiments/long_arms.py run --seeds 0 1 2 [--settings e4m3] [--arms bf16 none]
     python experiments/long_arms.py run --dry-run           # list what would run
+    python experiments/long_arms.py warm --seeds 5 6 7 8 9  # the replication's warm starts
+    python experiments/long_arms.py rep                     # the pre-registered replication
 
 The report is part of ``docs/results.md`` (``python experiments/compare.py
 report`` calls `render`).
@@ -54,6 +56,18 @@ ARMS = {  # correction modes on the low-precision rollouts
     "ais": ("ais.mode=ais",),
 }
 BF16 = ("rollout.precision=bf16", "ais.mode=none")
+# The pre-registered replication (experiments/prereg/long_replication.md): fresh seeds, the
+# MXFP4 + lm_head setting, a null arm (BF16 rollouts on another key stream: trajectory noise)
+# and the held-out accuracy every 20 steps.  Run names: rep_<arm>_s<seed>.
+REP_SEEDS = (5, 6, 7, 8, 9)
+REP_ARMS = {
+    "bf16": BF16,
+    "null": (*BF16, "train.rng_stream=1"),
+    "none": (*SETTINGS["mxfp4"], *ARMS["none"]),
+    "ais": (*SETTINGS["mxfp4"], *ARMS["ais"]),
+    "tis": (*SETTINGS["mxfp4"], *ARMS["tis"]),
+}
+REP_COMMON = ("eval.every=20",)
 # Loading the export: no remat (the in-process default of a scratch model), same dtypes.
 FROM_WARM = ("sft.steps=0", "sft.target_accuracy=0", "train.remat=none", "model.kind=ar")
 
@@ -135,9 +149,28 @@ def cmd_run(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str], 
             run_one(name, full, scratch, CONFIG)
 
 
+def replication_planned(seeds: Sequence[int] = REP_SEEDS) -> dict[str, tuple[str, ...]]:
+    """The replication's run names -> overrides (without the warm-start source), seed-major."""
+    return {f"rep_{arm}_s{seed}": (f"seed={seed}", *REP_COMMON, *ov)
+            for seed in seeds for arm, ov in REP_ARMS.items()}
+
+
+def cmd_rep(seeds: Sequence[int], base: str, scratch: str, dry_run: bool) -> None:
+    run_one = _compare().run_one
+    for name, ov in replication_planned(seeds).items():
+        if os.path.exists(os.path.join(LOGS, name, "run.json")):
+            continue
+        seed = int(name.rsplit("_s", 1)[1])
+        full = (f"model.source={warm_dir(base, seed)}", *FROM_WARM, *ov)
+        if dry_run:
+            print(name, " ".join(full))
+        else:
+            run_one(name, full, scratch, CONFIG)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("warm", "run"))
+    ap.add_argument("command", choices=("warm", "run", "rep"))
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=["e4m3"])
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
@@ -150,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.chdir(ROOT)
     if a.command == "warm":
         cmd_warm(a.seeds, a.warm_dir)
+    elif a.command == "rep":
+        cmd_rep(a.seeds if a.seeds != list(SEEDS) else REP_SEEDS, a.warm_dir, a.scratch,
+                a.dry_run)
     else:
         cmd_run(a.seeds, a.settings, a.arms, a.warm_dir, a.scratch, a.dry_run, not a.no_bf16)
     return 0

@@ -65,6 +65,7 @@ def _assert_same_metrics(a, b, rtol):
     (["model.source=/no/such/model"], "/no/such/model"),
     (["--config", "/no/such.yaml"], "/no/such.yaml"),
     (["task.name=countdown", "sft.mistake_rate=0.5"], "task 'countdown' defines none"),
+    (["train.rng_stream=-1"], "train.rng_stream"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle, tmp_path, capsys):
     code = train.main([f"out_dir={tmp_path}", *TINY, *args])
@@ -120,6 +121,21 @@ def test_run_learns_nothing_is_recompiled(reference_run):
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     assert summary["eval_after"]["n"] == 8
+
+
+def test_rng_stream_changes_the_rollouts_not_the_problems_or_evaluation(reference_run, tmp_path):
+    """train.rng_stream=1 (a study's noise-floor arm): the same warm start, problems and
+    held-out evaluation before GRPO; other sampling keys, so other rollouts."""
+    out, _ = reference_run
+    cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path / 'r'}", *TINY, "train.steps=3",
+                                            "checkpoint.every=0", "train.rng_stream=1"])
+    result = train.run(cfg)
+    with open(os.path.join(out, "summary.json")) as f:
+        ref = json.load(f)
+    assert result.eval_before == ref["eval_before"]
+    a, b = _metrics(out), _metrics(tmp_path / "r")
+    # No warm start: rewards are 0, but the sampled tokens (and so their mismatch) differ.
+    assert [r["d_bar"] for r in a] != [r["d_bar"] for r in b]
 
 
 def test_sigkill_then_rerun_matches_uninterrupted(reference_run, tmp_path):
