@@ -14,8 +14,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ais_jax import ais_coefficient, grpo
-from ais_jax.model import ModelConfig, init_params
+from ais_jax import ais_coefficient
+from ais_jax.method import grpo
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.training import policy
 
 
 def _time(fn, *args) -> float:
@@ -50,7 +52,7 @@ def main() -> None:
         return ais_coefficient(lt, lr, a, m).advantages
 
     batch = grpo.GRPOBatch(prompt, pmask, toks, mask, logp_old, adv)
-    fwd_bwd = jax.jit(jax.grad(lambda p, b: grpo.policy_loss(p, b, cfg)[0]))
+    fwd_bwd = jax.jit(jax.grad(lambda p, b: policy.policy_loss(p, b, cfg)[0]))
 
     c0 = time.perf_counter()
     jax.block_until_ready(ais_step(logp_old, logp_roll, adv, mask))

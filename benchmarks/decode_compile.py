@@ -1,4 +1,4 @@
-"""Compile time of the rollout sampler (`ais_jax.sampler.sample`) for deep models (CPU).
+"""Compile time of the rollout sampler (`ais_jax.rollout.sampler.sample`) for deep models (CPU).
 
 Lowers and compiles ``sample`` ahead of time on abstract shapes
 (``jax.jit(...).lower(ShapeDtypeStructs).compile()``), so no weights are
@@ -51,8 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Lower and compile `sample` once; return and print the timings."""
     a = parse_args(argv)
-    from ais_jax.model import ModelConfig, init_params
-    from ais_jax.sampler import sample
+    from ais_jax.models.model import ModelConfig, init_params
+    from ais_jax.rollout.sampler import sample
 
     vocab, hidden, ffn, layers, heads, kv, hd = PRESETS[a.preset]
     cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,

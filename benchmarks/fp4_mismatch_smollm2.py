@@ -1,19 +1,19 @@
 """FP8 and FP4 rollout mismatch on SmolLM2-135M-Instruct: E4M3, E5M2, NVFP4, MXFP4, lm_head +-.
 
-For each rollout format (`ais_jax.fp8.to_rollout_params(dtype=...)`), with the
+For each rollout format (`ais_jax.models.fp8.to_rollout_params(dtype=...)`), with the
 ``lm_head`` in BF16 and quantized, it reports the mean |delta logp| and the ESS
 ratio ``1 / (1 + CV^2)`` of ``w = exp(min(delta, log 5))``, with ``delta =
 logp_train - logp_rollout`` and ``logp_train`` from the BF16 full forward, on:
 
 * ``chat``: the fixed multi-turn chat of `fp8_mismatch_smollm2.py`,
   teacher-forced through the rollout params' full forward (one row);
-* ``sampler``: completions sampled at T = 1 by `ais_jax.sampler.sample` from
+* ``sampler``: completions sampled at T = 1 by `ais_jax.rollout.sampler.sample` from
   the rollout params, with the log-probs it records while decoding, against
   the BF16 re-forward (what a GRPO step sees).  ``bf16`` is the BF16 sampler
   control.
 
 FP8 formats quantize weights and activations (per-tensor scales); FP4 formats
-are weight-only (W4A16, `ais_jax.fp4`).  Also prints the stored bytes of the
+are weight-only (W4A16, `ais_jax.models.fp4`).  Also prints the stored bytes of the
 decoder linears (FP4 values take one byte each: not packed).
 
 Run: ``python benchmarks/fp4_mismatch_smollm2.py [--prompts 8 --new-tokens 128 --seed 0]``
@@ -36,9 +36,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from fp8_mismatch_smollm2 import CHAT, PROMPTS, mismatch, token_logp
 
-from ais_jax import fp8, model
-from ais_jax.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
-from ais_jax.sampler import sample as rollout_sample
+from ais_jax.models import fp8, model
+from ais_jax.models.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
+from ais_jax.rollout.sampler import sample as rollout_sample
 
 FORMATS = ("e4m3", "e5m2", "nvfp4", "mxfp4")
 

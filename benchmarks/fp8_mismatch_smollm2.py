@@ -11,7 +11,7 @@ forward (`model.forward`), on three kinds of tokens:
   copy of the weights, scored on the completion tokens by the rollout params'
   full forward (rows left-padded into one batch, so a per-tensor activation
   scale spans the whole batch).
-* ``sampler``: completions sampled at T = 1 by `ais_jax.sampler.sample` from
+* ``sampler``: completions sampled at T = 1 by `ais_jax.rollout.sampler.sample` from
   the rollout params themselves, with the log-probs it records while decoding
   (decode-time activation scales cover one token per row): what a GRPO step
   sees, and docs/spec.md's reference setting.  ``bf16`` is the BF16 sampler (the
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import decode, fp8, model
-from ais_jax.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
-from ais_jax.sampler import sample as rollout_sample
+from ais_jax.models import decode, fp8, kv_cache, model
+from ais_jax.models.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
+from ais_jax.rollout.sampler import sample as rollout_sample
 
 CHAT = [
     {"role": "system", "content": "You are a helpful assistant who answers concisely."},
@@ -85,7 +85,7 @@ def sample_f32(params, cfg, tokens, mask, key, new_tokens):
     """Ancestral T = 1 sampling with `decode.extend`; returns (tokens [B, N], valid [B, N])."""
     B, P = tokens.shape
     step = jax.jit(decode.extend, static_argnums=4)
-    cache = decode.init_cache(cfg, B, P + new_tokens, jnp.float32)
+    cache = kv_cache.init_cache(cfg, B, P + new_tokens, jnp.float32)
     logits, cache = step(params, tokens, mask, cache, cfg)
     out, valid = [], []
     done = jnp.zeros((B,), jnp.bool_)

@@ -2,7 +2,7 @@
 
 On an NVIDIA H200 (jax[cuda]), for a ~1B-parameter Llama with random weights:
 
-1. `ais_jax.sampler.sample` with ``scan_layers=True`` and ``False``, BF16
+1. `ais_jax.rollout.sampler.sample` with ``scan_layers=True`` and ``False``, BF16
    params and the FP8 rollout copy: compile time and decode tokens/s, and in
    the compiled scanned program the per-layer slices of the stacked weights
    inside the decode loops (copies, unless XLA fuses them into the GEMMs);
@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax
 import jax.numpy as jnp
 
-from ais_jax import fp8
-from ais_jax.model import ModelConfig, init_params
-from ais_jax.sampler import sample
+from ais_jax.models import fp8
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.rollout.sampler import sample
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

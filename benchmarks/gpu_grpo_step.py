@@ -21,10 +21,11 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ais_jax import optim, steps
-from ais_jax.config import SKIP_PATH_CHECK_ENV, load_config
-from ais_jax.hf_config import HF_PRESETS, model_config_from_hf
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import SKIP_PATH_CHECK_ENV
+from ais_jax.models.hf_config import HF_PRESETS, model_config_from_hf
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.training import optim, steps
 
 
 def _mem(compiled) -> dict:
@@ -55,7 +56,7 @@ def main() -> None:
     out: dict = {"backend": jax.default_backend(), "device": str(jax.devices()[0]),
                  "params": mc.num_params, "rows": args.prompts * G, "prompt_len": args.prompt_len,
                  "new_tokens": args.new}
-    from ais_jax import sharding as shd
+    from ais_jax.training import sharding as shd
     mesh = shd.make_mesh()
     state = optim.init_train_state(init_params(jax.random.key(0), mc, jnp.float32), opt)
     k = jax.random.key(1)

@@ -2,7 +2,7 @@
 
 On an NVIDIA H200 (jax[cuda]), for a ~1B-parameter Llama with random weights:
 
-1. `ais_jax.sampler.sample` decode throughput with BF16 params and with the
+1. `ais_jax.rollout.sampler.sample` decode throughput with BF16 params and with the
    FP8 rollout copy (`fp8.to_rollout_params`), compile time reported apart,
    and the FP8 / BF16 tokens-per-second ratio;
 2. the compiled HLO of both sampler programs searched for FP8 GEMMs
@@ -34,8 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax
 import jax.numpy as jnp
 
-from ais_jax import decode, fp8, sampler
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.models import decode, fp8
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.rollout import sampler
 
 F8_TYPES = ("f8e4m3fn", "f8e5m2", "f8e4m3", "f8e5m2fnuz", "f8e4m3fnuz")
 

@@ -39,12 +39,12 @@ Modes:
   usually still 64).
 * ``fixed``: every completion is exactly 64 tokens, all in the loss.  ais_jax
   has no config switch for it: the benchmark rebuilds the run's step
-  programs with no EOS id (`ais_jax.steps.build_step_fns` with
+  programs with no EOS id (`ais_jax.training.steps.build_step_fns` with
   ``TokenIds(eos_ids=())``; the sampler's ``eos_id=None``: EOS is an ordinary
   token).  TRL: ``generation_kwargs={"min_new_tokens": 64}`` (EOS logit
   masked until 64 tokens).  Same shapes, same 4096 completion tokens per step.
 
-ais_jax timing: ``rl_step(state, problems, key)`` of `ais_jax.rl.make_rl_step`,
+ais_jax timing: ``rl_step(state, problems, key)`` of `ais_jax.training.rl.make_rl_step`,
 with ``run.fns.rollout`` / ``run.fns.update`` wrapped in
 ``jax.block_until_ready`` timers; host = step - rollout - update (prompt
 encoding, transfers, decoding, verification).  The first step (compilation)
@@ -134,10 +134,10 @@ class AisArm:
     def setup(self, first_step: int, longest_step: int) -> None:
         import jax
 
-        from ais_jax import steps as st
-        from ais_jax.build import build_run
-        from ais_jax.config import load_config
-        from ais_jax.rl import grow_prompt_bucket, make_rl_step
+        from ais_jax.config.load import load_config
+        from ais_jax.training import steps as st
+        from ais_jax.training.build import build_run
+        from ais_jax.training.rl import grow_prompt_bucket, make_rl_step
 
         overrides = [
             f"seed={self.seed}", f"out_dir={self.out_dir}",
@@ -405,9 +405,9 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     torch.manual_seed(args.seed)
-    from ais_jax.build import problems_at
-    from ais_jax.config import load_config
+    from ais_jax.config.load import load_config
     from ais_jax.tasks import get_task
+    from ais_jax.training.build import problems_at
 
     task = get_task("arithmetic")
     tmp = tempfile.mkdtemp(prefix="grpo_step_")

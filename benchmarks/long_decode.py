@@ -1,8 +1,8 @@
-"""Long-response decode throughput: `ais_jax.sampler.sample` at 1024 vs 64 new tokens (CPU).
+"""Long-response decode throughput: `ais_jax.rollout.sampler.sample` at 1024 vs 64 new tokens (CPU).
 
 A decode step should cost about the same whether the response is short or
 long: the sampler decodes in segments that attend to a statically sized
-prefix of the KV cache (`ais_jax.sampler.default_segments`), not to the whole
+prefix of the KV cache (`ais_jax.rollout.sampler.default_segments`), not to the whole
 cache from the first step.  This benchmark samples a random small Llama with
 no EOS (every row runs to its budget), alternating the short and the long run
 round after round, and prints the median tokens/s of each and their ratio
@@ -53,9 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Time the short and the long decode; print tokens/s and the long / short ratio."""
     a = parse_args(argv)
-    from ais_jax import sampler
-    from ais_jax.model import ModelConfig, init_params
-    from ais_jax.sampler import sample
+    from ais_jax.models.model import ModelConfig, init_params
+    from ais_jax.rollout import sampler
+    from ais_jax.rollout.sampler import sample
 
     def default_segments(n: int) -> int:
         return sampler.default_segments(n) if hasattr(sampler, "default_segments") else 4

@@ -1,4 +1,4 @@
-"""Sampler throughput: `ais_jax.sampler.sample` against `transformers` `generate` (CPU).
+"""Sampler throughput: `ais_jax.rollout.sampler.sample` against `transformers` `generate` (CPU).
 
 Both sample the same random Llama (a `LlamaForCausalLM` built from a config and
 copied into the `ais_jax` params layout) on the same batch, full-vocabulary
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def hf_to_params(model, n_layers: int) -> dict:
-    """Copy a `LlamaForCausalLM`'s weights into the `ais_jax.model` layout (float32)."""
+    """Copy a `LlamaForCausalLM`'s weights into the `ais_jax.models.model` layout (float32)."""
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
     def stack(name: str) -> np.ndarray:
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ais_jax import fp8
-    from ais_jax.model import ModelConfig, forward
-    from ais_jax.sampler import sample
+    from ais_jax.models import fp8
+    from ais_jax.models.model import ModelConfig, forward
+    from ais_jax.rollout.sampler import sample
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)

@@ -3,7 +3,7 @@
 ``python benchmarks/update_remat.py [--rounds 5]`` builds the 16M-parameter
 Llama of the sampler benchmark (hidden 512, 4 layers, 8 / 4 heads, ffn 1408,
 vocab 8192), one rollout-shaped batch (16 rows, prompt 16, 64 new tokens) and
-the jitted `ais_jax.steps.update` for ``train.remat`` = none / full / dots.
+the jitted `ais_jax.training.steps.update` for ``train.remat`` = none / full / dots.
 The variants run in one process in alternating rounds; the script prints the
 median update time, completion tokens per second and each variant's ratio to
 ``none`` (compile time reported apart).  Remat trades recomputation for
@@ -19,9 +19,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ais_jax import optim, steps
-from ais_jax.config import load_config
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.config.load import load_config
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.training import optim, steps
 
 MODEL = ModelConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=4,
                     num_heads=8, num_kv_heads=4, head_dim=64)

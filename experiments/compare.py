@@ -35,8 +35,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
-from ais_jax.config import load_config  # noqa: E402
-from ais_jax.plots import moving_average  # noqa: E402
+from ais_jax.config.load import load_config  # noqa: E402
+from ais_jax.run.plots import moving_average  # noqa: E402
 
 CONFIG = "configs/tiny_arithmetic.yaml"
 LOGS = os.path.join(ROOT, "experiments", "logs")

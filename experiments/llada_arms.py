@@ -46,11 +46,11 @@ def warm_dir(base: str, seed: int) -> str:
 
 def cmd_warm(seeds: Sequence[int], base: str) -> None:
     """Warm-start each seed's policy once and save it as a LLaDA checkpoint."""
-    from ais_jax.build import build_run
-    from ais_jax.config import load_config
-    from ais_jax.llada.checkpoint import save
-    from ais_jax.placement import to_host
-    from ais_jax.warmstart import warm_start
+    from ais_jax.config.load import load_config
+    from ais_jax.models.llada.checkpoint import save
+    from ais_jax.training.build import build_run
+    from ais_jax.training.placement import to_host
+    from ais_jax.training.warmstart import warm_start
 
     for seed in seeds:
         dest = warm_dir(base, seed)

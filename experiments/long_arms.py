@@ -83,10 +83,10 @@ def run_name(setting: str | None, arm: str, seed: int) -> str:
 
 def cmd_warm(seeds: Sequence[int], base: str) -> None:
     """Warm-start each seed's policy once; export it; log the warm start."""
-    from ais_jax.build import build_run
-    from ais_jax.config import load_config
-    from ais_jax.pretrained import save_pretrained
-    from ais_jax.warmstart import WarmStartLog, warm_start
+    from ais_jax.config.load import load_config
+    from ais_jax.models.pretrained import save_pretrained
+    from ais_jax.training.build import build_run
+    from ais_jax.training.warmstart import WarmStartLog, warm_start
 
     common = _compare().COMMON
     for seed in seeds:
@@ -291,7 +291,7 @@ def render(figures: str) -> list[str]:
     out = ["## The long-response setting (multiplication with a written scratchpad)", ""]
     if not have:
         return [*out, "No runs logged yet (`python experiments/long_arms.py run`).", ""]
-    from ais_jax.config import load_config
+    from ais_jax.config.load import load_config
 
     cfg = load_config(os.path.join(ROOT, CONFIG), [])
     m, r, t, s = cfg.model, cfg.rollout, cfg.train, cfg.sft

@@ -14,10 +14,11 @@ import json
 import time
 from typing import Any
 
-from ais_jax.build import build_run
-from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
-from ais_jax.evaluation import make_evaluator
-from ais_jax.warmstart import WarmStartLog, make_accuracy_check, warm_start
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+from ais_jax.training.build import build_run
+from ais_jax.training.evaluation import make_evaluator
+from ais_jax.training.warmstart import WarmStartLog, make_accuracy_check, warm_start
 
 
 def trajectory(seed: int, every: int, overrides: list[str]) -> dict[str, Any]:

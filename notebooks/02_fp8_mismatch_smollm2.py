@@ -50,9 +50,9 @@ from ais_jax import (
     sequence_logprobs,
     to_rollout_params,
 )
-from ais_jax.fp8 import BLOCK_LINEARS, cast_fp8, tree_nbytes
-from ais_jax.pretrained import CheckpointError, smollm2_gguf_path
-from ais_jax.sampler import pad_prompts
+from ais_jax.models.fp8 import BLOCK_LINEARS, cast_fp8, tree_nbytes
+from ais_jax.models.pretrained import CheckpointError, smollm2_gguf_path
+from ais_jax.rollout.sampler import pad_prompts
 
 t_start = time.perf_counter()
 print("jax", jax.__version__, "on", jax.default_backend())
@@ -171,7 +171,7 @@ for t in range(int(np.asarray(roll.mask[0]).sum())):
 # A plain saturating cast (no scale) of the BF16 logits `[1.06, 1.00, 0.94]` to
 # `float8_e4m3fn` (3 mantissa bits: the representable values next to 1 are
 # 0.9375, 1.0 and 1.125) moves the softmax probabilities by about 1.3 points each.
-# `ais_jax.fp8.cast_fp8` is the cast; `quantize` adds the scale `amax / 448`.
+# `ais_jax.models.fp8.cast_fp8` is the cast; `quantize` adds the scale `amax / 448`.
 
 # %%
 logits = jnp.array([1.06, 1.00, 0.94], jnp.float32)
@@ -192,7 +192,7 @@ print(f"\nnotebook time: {time.perf_counter() - t_start:.0f} s")
 # %% [markdown]
 # Next steps:
 #
-# * `python -m ais_jax.mismatch --model "$(python -c 'from ais_jax.pretrained import
+# * `python -m ais_jax.mismatch --model "$(python -c 'from ais_jax.models.pretrained import
 #   smollm2_gguf_path as p; print(p())')" --bf16-arm`
 #   prints the same diagnostics over more prompts, with a BF16-sampler control arm.
 # * `python benchmarks/fp8_mismatch_smollm2.py` compares per-tensor / per-token

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 03 · A training run end to end
 #
-# `ais_jax.train.run(cfg)` is what `python -m ais_jax.train` runs: build the model,
+# `ais_jax.run.cli.run(cfg)` is what `python -m ais_jax.train` runs: build the model,
 # task and mesh, an optional supervised warm start (SFT, scratch models only), then
 # the GRPO loop. Each step samples with the FP8 rollout copy, scores the completions
 # on the host, and takes one AIS-weighted GRPO update; it appends one JSON line to
@@ -36,9 +36,9 @@ import tempfile
 import numpy as np
 from IPython.display import Image, display
 
-from ais_jax import train
-from ais_jax.config import load_config
-from ais_jax.plots import plot_run
+from ais_jax.config.load import load_config
+from ais_jax.run import cli as train
+from ais_jax.run.plots import plot_run
 
 OUT = tempfile.mkdtemp(prefix="ais_walkthrough_")
 TINY = [
@@ -122,7 +122,7 @@ print("alpha == clip(alpha_ess - beta_var * alpha_var, 0, 1) * alpha_mis on ever
 # %% [markdown]
 # ## Plots
 #
-# `ais_jax.plots.plot_run(out_dir)` (or `python -m ais_jax.plots OUT_DIR`) writes one
+# `ais_jax.run.plots.plot_run(out_dir)` (or `python -m ais_jax.plots OUT_DIR`) writes one
 # PNG per panel to `out_dir/plots/`.
 
 # %%

@@ -44,10 +44,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
-from ais_jax import ModelConfig, init_params, load_pretrained, save_pretrained, train
-from ais_jax import sharding as shd
-from ais_jax.config import load_config
-from ais_jax.fp8 import to_rollout_params
+from ais_jax import ModelConfig, init_params, load_pretrained, save_pretrained
+from ais_jax.config.load import load_config
+from ais_jax.models.fp8 import to_rollout_params
+from ais_jax.run import cli as train
+from ais_jax.training import sharding as shd
 
 devices = jax.devices()
 print(f"backend: {jax.default_backend()}, {len(devices)} device(s): {devices}")
@@ -118,7 +119,7 @@ print(model_cfg)
 # %% [markdown]
 # ## Sharded params
 #
-# `param_shardings(params, mesh)` applies the one rules table of `ais_jax/sharding.py`:
+# `param_shardings(params, mesh)` applies the one rules table of `ais_jax/training/sharding.py`:
 # the model width (`embed`) goes over `fsdp`, heads / MLP / vocab over `tensor`, the
 # stacked layer axis is never sharded, and a dimension the mesh axis does not divide
 # stays replicated. `jax.device_put` lays the params out accordingly.

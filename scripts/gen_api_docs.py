@@ -230,7 +230,7 @@ def _fields(cls: type) -> list[tuple[str, str, str]]:
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    from ais_jax.config_yaml import field_comments
+    from ais_jax.config.yaml_io import field_comments
 
     try:
         return field_comments(cls)

@@ -4,12 +4,19 @@
 ``tests/test_golden.py`` runs the same command and compares.  Regenerate only
 on purpose (a change that alters the numbers), in the same commit, and say why
 in its message.
+
+The numbers are exact for one machine and one set of packages: sampled tokens
+turn any last-bit difference (another CPU's vector code, another jaxlib) into
+another trajectory.  The file records the `environment` it was made on, and the
+test names both environments when it fails on a different one.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -50,9 +57,31 @@ def run_golden(out_dir: str) -> dict:
             "eval_before": summary["eval_before"], "eval_after": summary["eval_after"]}
 
 
+PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "optax", "flax")
+
+
+def environment() -> dict[str, str]:
+    """The machine and package versions the numbers depend on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
+    except OSError:
+        pass
+    env = {"cpu": cpu, "python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            env[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            env[name] = "absent"
+    return env
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         result = run_golden(os.path.join(d, "run"))
+    result["environment"] = environment()
     os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
     with open(GOLDEN, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)

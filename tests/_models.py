@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ais_jax import model
+from ais_jax.models import model
 
 TINY = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=8)

@@ -13,10 +13,10 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from ais_jax import optim, steps
-from ais_jax import sharding as shd
-from ais_jax.config import load_config
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.config.load import load_config
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.training import optim, steps
+from ais_jax.training import sharding as shd
 
 
 def loops_of(act_scaling: str) -> list[dict[str, int]]:

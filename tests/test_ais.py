@@ -1,4 +1,4 @@
-"""Known-answer and property tests of ais_jax.ais (docs/spec.md section 4)."""
+"""Known-answer and property tests of ais_jax.method.ais (docs/spec.md section 4)."""
 
 import math
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ais_jax import ais_coefficient
-from ais_jax.ais import LOG_RATIO_BOUND
+from ais_jax.method.ais import LOG_RATIO_BOUND
 
 W_BAR = np.array([0.8, 1.0, 1.2, 2.0])
 ADV = np.array([1.2, 0.4, -0.2, -0.8])

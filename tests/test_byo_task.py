@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from _tiny import TINY_RUN
 
-from ais_jax import train
-from ais_jax.codec import PromptCodec
-from ais_jax.config import load_config
-from ais_jax.errors import UsageError
+from ais_jax.config.load import load_config
+from ais_jax.core.errors import UsageError
+from ais_jax.rollout.codec import PromptCodec
+from ais_jax.run import cli as train
 from ais_jax.tasks.user_dataset import load_rows, rows_to_problems, task_from_config
-from ais_jax.user_rewards import build_rewards, load_reward, score_rewards
+from ais_jax.tasks.user_rewards import build_rewards, load_reward, score_rewards
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -42,7 +42,7 @@ def _doc_file(name: str) -> str:
 
 
 def _doc_command() -> list[str]:
-    (cmd,) = [b for b in _blocks("bash") if "ais_jax.train" in b]
+    (cmd,) = [b for b in _blocks("bash") if "python -m ais_jax.train" in b]
     lines = cmd.replace("\\\n", " ").splitlines()
     assert lines[0] == "python make_data.py"
     return shlex.split(lines[1])

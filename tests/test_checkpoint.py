@@ -1,4 +1,4 @@
-"""Tests of ais_jax.checkpoint: bit-exact round trips, keep-N, atomicity, errors, sharding."""
+"""Tests of ais_jax.run.checkpoint: bit-exact round trips, keep-N, atomicity, errors, sharding."""
 
 import os
 import signal
@@ -13,8 +13,8 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ais_jax import checkpoint as ckpt
-from ais_jax.errors import CheckpointError
+from ais_jax.core.errors import CheckpointError
+from ais_jax.run import checkpoint as ckpt
 
 
 def _state(seed: int = 0) -> dict:
@@ -189,7 +189,7 @@ _KILLED_CHILD = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from test_checkpoint import _state
-from ais_jax import checkpoint as ckpt
+from ais_jax.run import checkpoint as ckpt
 m = ckpt.open_manager({out!r}, keep=2)
 ckpt.save(m, 3, _state(3), {{"ok": True}}, block={block})
 os.kill(os.getpid(), signal.SIGKILL)
@@ -252,7 +252,7 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from ais_jax import checkpoint as ckpt
+from ais_jax.run import checkpoint as ckpt
 assert len(jax.devices()) == 2
 mesh = Mesh(np.array(jax.devices()).reshape(2, 1), ("fsdp", "tensor"))
 rows = NamedSharding(mesh, P("fsdp", None))

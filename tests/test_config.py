@@ -1,4 +1,4 @@
-"""Tests of ais_jax.config and ais_jax.config_yaml.
+"""Tests of ais_jax.config.schema and ais_jax.config.yaml_io.
 
 Defaults, YAML + overrides, one-line errors, round trips, the shipped configs.
 """
@@ -14,9 +14,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ais_jax import config, config_yaml
-from ais_jax.config import Config, load_config
-from ais_jax.errors import UsageError
+from ais_jax.config import load as config_load
+from ais_jax.config import schema as config
+from ais_jax.config import yaml_io as config_yaml
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import Config
+from ais_jax.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -249,7 +252,7 @@ def test_yaml_round_trips(tmp_path):
 
 
 def test_format_config_shows_every_key_with_its_comment():
-    assert config.format_config is config_yaml.format_config  # re-exported for the trainer
+    assert config_load.format_config is config_yaml.format_config  # re-exported for the trainer
     text = config_yaml.format_config(Config())
     for key in config_yaml.all_keys(Config):
         name = key.rpartition(".")[2]
@@ -356,14 +359,14 @@ def test_yaml_round_trip_property(seed, out_dir, lr, difficulty, tensorboard):
 
 
 def test_correction_modes_and_defaults_match_the_library():
-    from ais_jax.corrections import CORRECTION_MODES, DEFAULT_GEO_THRESHOLD
+    from ais_jax.method.corrections import CORRECTION_MODES, DEFAULT_GEO_THRESHOLD
 
     assert set(config.CHOICES["ais.mode"]) == set(CORRECTION_MODES)
     assert Config().ais.geo_threshold == DEFAULT_GEO_THRESHOLD
 
 
 def test_temperature_floor_matches_the_library():
-    from ais_jax.distributions import MIN_TEMPERATURE
+    from ais_jax.method.distributions import MIN_TEMPERATURE
 
     load_config(None, [f"rollout.temperature={MIN_TEMPERATURE!r}"])
     with pytest.raises(UsageError, match=r"rollout\.temperature"):

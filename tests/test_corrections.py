@@ -1,4 +1,4 @@
-"""Known-answer and property tests of ais_jax.corrections (docs/corrections.md)."""
+"""Known-answer and property tests of ais_jax.method.corrections (docs/corrections.md)."""
 
 import math
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ais_jax.ais import LOG_RATIO_BOUND, ais_coefficient
-from ais_jax.corrections import (
+from ais_jax.method.ais import LOG_RATIO_BOUND, ais_coefficient
+from ais_jax.method.corrections import (
     CORRECTION_MODES,
     DEFAULT_CAPS,
     DEFAULT_GEO_THRESHOLD,

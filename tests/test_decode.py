@@ -1,4 +1,4 @@
-"""Tests for ais_jax.decode: the KV cache, prefill / extend against the full forward,
+"""Tests for ais_jax.models.decode: the KV cache, prefill / extend against the full forward,
 scanned against unrolled layers, and the decode program's size against depth."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from _models import FULL, TINY
 from _models import left_padded as _left_padded
 from _models import random_params as _random_params
 
-from ais_jax import decode, fp8, model
-from ais_jax.sampler import sample
+from ais_jax.models import decode, fp8, kv_cache, model
+from ais_jax.rollout.sampler import sample
 
 forward = jax.jit(model.forward, static_argnums=2)
 extend = jax.jit(decode.extend, static_argnums=4, static_argnames="scan_layers")
@@ -38,15 +38,15 @@ def _chunked(params, cfg, tokens, mask, cache, chunks, scan):
 @pytest.mark.parametrize("fp8_cache", [False, True])
 def test_init_cache_layout(fp8_cache):
     cfg = dataclasses.replace(TINY, num_layers=3)
-    c = decode.init_cache(cfg, 2, 7, jnp.float32, fp8=fp8_cache)
+    c = kv_cache.init_cache(cfg, 2, 7, jnp.float32, fp8=fp8_cache)
     k, v = (c.k.value, c.v.value) if fp8_cache else (c.k, c.v)
     assert k.shape == (3, 2, 2, 7, 8) and v.shape == (3, 2, 2, 8, 7)  # [L,B,K,S,H], [L,B,K,H,S]
     if fp8_cache:
         assert k.dtype == jnp.float8_e4m3fn
         assert c.k.scale.shape == (3, 2, 1, 7, 1) and c.v.scale.shape == (3, 2, 1, 1, 7)
     assert c.valid.shape == (2, 7) and not c.valid.any() and int(c.index) == 0
-    per_layer = decode.unstack_cache(c)
-    assert len(per_layer.k) == 3 and decode.unstack_cache(per_layer) is per_layer
+    per_layer = kv_cache.unstack_cache(c)
+    assert len(per_layer.k) == 3 and kv_cache.unstack_cache(per_layer) is per_layer
     leaf = per_layer.k[0].value if fp8_cache else per_layer.k[0]
     assert leaf.shape == (2, 2, 7, 8)
 
@@ -57,8 +57,8 @@ def test_resize_cache_repeats_rows_and_adds_empty_slots(stacked):
     params = _random_params(cfg)
     tokens, mask = _left_padded(cfg, 2, 5, [0, 2])
     _, c = decode.prefill(params, tokens, mask, cfg, 5, dtype=jnp.float32, fp8=True)
-    c = c if stacked else decode.unstack_cache(c)
-    r = decode.resize_cache(c, 3, 9)
+    c = c if stacked else kv_cache.unstack_cache(c)
+    r = kv_cache.resize_cache(c, 3, 9)
     assert r.valid.shape == (6, 9) and not r.valid[:, 5:].any()
     np.testing.assert_array_equal(r.valid[:, :5], np.repeat(np.asarray(mask), 3, 0))
     np.testing.assert_array_equal(r.pos, np.repeat(np.asarray(c.pos), 3))
@@ -79,8 +79,8 @@ def test_extend_matches_forward_at_every_position(scan, stacked):
     T = sum(chunks)
     tokens, mask = _left_padded(cfg, 3, T, [0, 2, 3], seed=1)
     ref = forward(params, tokens, cfg, mask)  # [B, T, V]
-    cache = decode.init_cache(cfg, 3, T + 2, jnp.float32)  # spare slots stay unused
-    cache = cache if stacked else decode.unstack_cache(cache)
+    cache = kv_cache.init_cache(cfg, 3, T + 2, jnp.float32)  # spare slots stay unused
+    cache = cache if stacked else kv_cache.unstack_cache(cache)
     got, cache = _chunked(params, cfg, tokens, mask, cache, chunks, scan)
     assert isinstance(cache.k, tuple) != stacked  # returned in the form it was given
     valid = np.asarray(mask)
@@ -96,7 +96,7 @@ def test_prefill_equals_extend_on_an_empty_cache():
     params = _random_params(cfg)
     tokens, mask = _left_padded(cfg, 3, 6, [0, 1, 4])
     logits, c = decode.prefill(params, tokens, mask, cfg, 9, dtype=jnp.float32)
-    ref_logits, ref = extend(params, tokens, mask, decode.init_cache(cfg, 3, 9, jnp.float32), cfg)
+    ref_logits, ref = extend(params, tokens, mask, kv_cache.init_cache(cfg, 3, 9, jnp.float32), cfg)
     np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
     np.testing.assert_allclose(c.k, ref.k, atol=1e-5)
     np.testing.assert_allclose(c.v, ref.v, atol=1e-5)
@@ -119,8 +119,8 @@ def test_prefill_last_only_is_the_last_position_of_the_full_logits():
 def test_sampler_prefill_does_not_materialize_prompt_logits():
     """Ahead-of-time plan: with a 32k vocabulary and 256-token prompts the compiled sampler's
     scratch memory stays far below the [B, P, V] float32 logits of every prompt position."""
-    from ais_jax import model as model_lib
-    from ais_jax import sampler
+    from ais_jax.models import model as model_lib
+    from ais_jax.rollout import sampler
 
     cfg = dataclasses.replace(TINY, vocab_size=32768)
     params = jax.eval_shape(lambda k: model_lib.init_params(k, cfg), jax.random.key(0))
@@ -140,10 +140,10 @@ def test_fp8_cache_stays_close_to_the_full_precision_one(scan):
     params = _random_params(cfg)
     tokens, mask = _left_padded(cfg, 2, 8, [0, 3])
     chunks = (5, 1, 1, 1)
-    ref, c32 = _chunked(params, cfg, tokens, mask, decode.init_cache(cfg, 2, 8, jnp.float32),
+    ref, c32 = _chunked(params, cfg, tokens, mask, kv_cache.init_cache(cfg, 2, 8, jnp.float32),
                         chunks, scan)
     got, c8 = _chunked(params, cfg, tokens, mask,
-                       decode.init_cache(cfg, 2, 8, jnp.float32, fp8=True), chunks, scan)
+                       kv_cache.init_cache(cfg, 2, 8, jnp.float32, fp8=True), chunks, scan)
     assert isinstance(c8.k, fp8.QuantArray) and c8.k.value.dtype == jnp.float8_e4m3fn
     keys = fp8.dequantize(c8.k)  # one scale per (layer, row, token): within E4M3's 2^-4
     valid = np.asarray(mask)[None, :, None, :, None]
@@ -159,7 +159,7 @@ def test_scanned_and_unrolled_steps_agree():
     tokens, mask = _left_padded(cfg, 2, 7, [0, 2])
     out = {}
     for scan in (True, False):
-        out[scan] = _chunked(params, cfg, tokens, mask, decode.init_cache(cfg, 2, 7, jnp.float32),
+        out[scan] = _chunked(params, cfg, tokens, mask, kv_cache.init_cache(cfg, 2, 7, jnp.float32),
                              (4, 1, 1, 1), scan)
     np.testing.assert_allclose(out[True][0], out[False][0], atol=1e-5)
     np.testing.assert_allclose(out[True][1].k, out[False][1].k, atol=1e-5)

@@ -36,7 +36,7 @@ def test_api_docs_cover_every_module_and_export(gen, text):
         assert f"\n## `{name}`\n" in text, name
     for name in ais_jax.__all__:
         assert f"### `{name}` (top level)" in text, name
-    assert "## `ais_jax.tasks.base`" in text and "## `ais_jax.config_yaml`" in text
+    assert "## `ais_jax.tasks.base`" in text and "## `ais_jax.config.yaml_io`" in text
     assert " at 0x" not in text and str(ROOT) not in text
 
 

@@ -1,4 +1,4 @@
-"""FP4 rollout weights (ais_jax.fp4): NVFP4 / MXFP4 casts, error bounds, models, config."""
+"""FP4 rollout weights (ais_jax.models.fp4): NVFP4 / MXFP4 casts, error bounds, models, config."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ from _tiny import TINY_MODEL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ais_jax import fp4, fp8, model
-from ais_jax.config import RolloutSection, load_config
-from ais_jax.errors import UsageError
-from ais_jax.llada import LLaDAConfig
-from ais_jax.llada import forward as llada_forward
-from ais_jax.llada import init_params as llada_init
-from ais_jax.llada import to_rollout_params as llada_rollout
-from ais_jax.steps import rollout_params
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import RolloutSection
+from ais_jax.core.errors import UsageError
+from ais_jax.models import fp4, fp8, model
+from ais_jax.models.llada.model import LLaDAConfig
+from ais_jax.models.llada.model import forward as llada_forward
+from ais_jax.models.llada.model import init_params as llada_init
+from ais_jax.models.llada.model import to_rollout_params as llada_rollout
+from ais_jax.training.steps import rollout_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # TINY has intermediate 48 (a multiple of 16, not of 32): w_down's input dim fits NVFP4 only.
@@ -248,7 +249,7 @@ def test_llada_rollout_forward(fmt):
 
 
 def test_trainer_rollout_params_and_sampler():
-    from ais_jax import sampler
+    from ais_jax.rollout import sampler
 
     params = random_params(AR)
     rp = jax.jit(lambda p: rollout_params(p, RolloutSection(fp8_format="mxfp4",
@@ -289,7 +290,7 @@ def test_cli_bad_format_exit_2():
 
 
 def test_mismatch_cli_format_choices(capsys):
-    from ais_jax import mismatch
+    from ais_jax.run import mismatch
 
     assert mismatch.main(["--model", "random:tiny", "--fp8-format", "fp4"]) == 2
     assert "invalid choice" in capsys.readouterr().err
@@ -302,7 +303,7 @@ def test_mismatch_cli_format_choices(capsys):
 def test_rollout_sharding_specs(fmt):
     from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 
-    from ais_jax import sharding as shd
+    from ais_jax.training import sharding as shd
 
     mesh = AbstractMesh((1, 2, 2), shd.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
     params = jax.eval_shape(lambda: model.init_params(jax.random.key(0), AR))

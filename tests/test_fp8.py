@@ -1,4 +1,5 @@
-"""Tests of ais_jax.fp8: the E4M3 cast golden values, cast-and-scale, FP8 matmul, rollout params."""
+"""Tests of ais_jax.models.fp8: the E4M3 cast golden values, cast-and-scale, FP8 matmul, rollout
+params."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ais_jax import fp8
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.models import fp8
+from ais_jax.models.model import ModelConfig, init_params
 
 
 def test_golden_e4m3_cast_and_softmax_shift():
@@ -148,8 +149,8 @@ def test_bad_options():
 def test_fp8_logprobs_do_not_depend_on_left_padding():
     # Per-tensor activation scales are taken over the real tokens only: five
     # left pads (of the token with the largest embedding) change nothing.
-    from ais_jax import model as model_lib
-    from ais_jax.logprobs import completion_logprobs
+    from ais_jax.models import model as model_lib
+    from ais_jax.training.logprobs import completion_logprobs
 
     cfg = model_lib.ModelConfig(vocab_size=61, hidden_size=64, intermediate_size=96,
                                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,

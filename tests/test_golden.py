@@ -44,8 +44,17 @@ def _compare(want, got, where):
 def test_golden_run_matches(tmp_path):
     with open(golden_run.GOLDEN) as f:
         want = json.load(f)
+    made_on = want.pop("environment", None)
     got = golden_run.run_golden(str(tmp_path / "run"))
     assert got["overrides"] == want["overrides"], "golden overrides changed: regenerate on purpose"
     # The run must carry signal, or the comparison guards nothing.
     assert any(r["grad_norm"] > 0 for r in want["metrics"])
-    _compare(want, got, "golden")
+    here = golden_run.environment()
+    try:
+        _compare(want, got, "golden")
+    except AssertionError as e:
+        if made_on != here:  # say so: sampled tokens amplify last-bit differences
+            raise AssertionError(f"{e}\nthe golden file was made on {made_on}; this is {here}: "
+                                 "check the numbers of the last commit here before blaming a "
+                                 "change") from None
+        raise

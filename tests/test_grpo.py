@@ -1,4 +1,5 @@
-"""Tests of ais_jax.grpo: advantages, log-probs, the clipped k3-KL objective, the guarded update."""
+"""Tests of ais_jax.method.grpo: advantages, log-probs, the clipped k3-KL objective, the guarded
+update."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +7,10 @@ import numpy as np
 import optax
 import pytest
 
-from ais_jax import grpo, optim
-from ais_jax.distributions import token_logprobs
-from ais_jax.model import ModelConfig, forward, init_params
+from ais_jax.method import grpo
+from ais_jax.method.distributions import token_logprobs
+from ais_jax.models.model import ModelConfig, forward, init_params
+from ais_jax.training import optim, policy
 
 
 def test_group_advantages_known_answer():
@@ -122,7 +124,7 @@ def _batch(key, B=4, P=3, N=5):
 def test_sequence_logprobs_matches_manual_forward():
     params = init_params(jax.random.key(0), CFG)
     prompt, pmask, toks = _batch(jax.random.key(1))
-    got = grpo.sequence_logprobs(params, prompt, pmask, toks, CFG, temperature=0.7)
+    got = policy.sequence_logprobs(params, prompt, pmask, toks, CFG, temperature=0.7)
     for b in range(prompt.shape[0]):
         keep = np.asarray(pmask[b])
         seq = jnp.concatenate([prompt[b][keep], toks[b]])[None]
@@ -135,13 +137,13 @@ def test_sequence_logprobs_matches_manual_forward():
 def _update_setup(adv_value):
     params = init_params(jax.random.key(0), CFG)
     prompt, pmask, toks = _batch(jax.random.key(1))
-    logp_old = grpo.sequence_logprobs(params, prompt, pmask, toks, CFG)
+    logp_old = policy.sequence_logprobs(params, prompt, pmask, toks, CFG)
     mask = jnp.ones(toks.shape, jnp.float32)
     batch = grpo.GRPOBatch(prompt, pmask, toks, mask, logp_old,
                            jnp.full(toks.shape, adv_value, jnp.float32))
     opt = optim.make_optimizer(1e-2, clip_norm=1.0)
-    f32 = grpo.Scoring(compute_dtype=jnp.float32)
-    loss_fn = lambda p, b: grpo.policy_loss(p, b, CFG, scoring=f32)  # noqa: E731
+    f32 = policy.Scoring(compute_dtype=jnp.float32)
+    loss_fn = lambda p, b: policy.policy_loss(p, b, CFG, scoring=f32)  # noqa: E731
     step = jax.jit(lambda s, b: optim.apply_update(s, b, loss_fn, opt))
     return params, batch, opt, step, logp_old
 
@@ -151,7 +153,7 @@ def test_update_raises_logp_of_positive_advantage_tokens():
     state = optim.init_train_state(params, opt)
     for _ in range(3):
         state, metrics = step(state, batch)
-    new = grpo.sequence_logprobs(state.params, batch.prompt_tokens, batch.prompt_mask,
+    new = policy.sequence_logprobs(state.params, batch.prompt_tokens, batch.prompt_mask,
                                  batch.tokens, CFG)
     assert float(jnp.mean(new - logp_old)) > 0.01
     assert int(state.step) == 3 and int(state.skipped) == 0

@@ -7,15 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax.llada import (
-    LLaDAConfig,
+from ais_jax.models.llada.model import LLaDAConfig, forward, init_params, to_rollout_params
+from ais_jax.training.llada.estimator import (
     completion_logprobs,
-    forward,
-    init_params,
     logprobs_given_input,
     mask_prompt,
     mismatch_stats,
-    to_rollout_params,
 )
 
 CFG = LLaDAConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,

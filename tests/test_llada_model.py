@@ -14,16 +14,9 @@ import torch
 from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
-from ais_jax.fp8 import QuantArray
-from ais_jax.llada import (
-    LLaDAConfig,
-    config_from_dict,
-    forward,
-    init_params,
-    load,
-    save,
-    to_rollout_params,
-)
+from ais_jax.models.fp8 import QuantArray
+from ais_jax.models.llada.checkpoint import config_from_dict, load, save
+from ais_jax.models.llada.model import LLaDAConfig, forward, init_params, to_rollout_params
 
 CFG = LLaDAConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, mask_token_id=60, rope_theta=500000.0,

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax.llada import LLaDAConfig, forward, generate, init_params, transfer_schedule
+from ais_jax.models.llada.model import LLaDAConfig, forward, init_params
+from ais_jax.rollout.llada_sampler import generate, transfer_schedule
 
 CFG = LLaDAConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, mask_token_id=47)
@@ -101,7 +102,7 @@ def test_bad_arguments(kw):
 
 
 def test_fp8_params_sample():
-    from ais_jax.llada import to_rollout_params
+    from ais_jax.models.llada.model import to_rollout_params
 
     out = generate(to_rollout_params(PARAMS), CFG, jnp.asarray(PROMPT), jax.random.key(5),
                    gen_length=8, block_length=4, steps=4, temperature=1.0, num_samples=2)

@@ -15,13 +15,14 @@ import optax
 import pytest
 from _tiny import TINY_RUN
 
-from ais_jax.config import load_config
-from ais_jax.errors import UsageError
-from ais_jax.llada import LLaDAConfig, completion_logprobs, forward, init_params
-from ais_jax.llada import rl_steps as ls
-from ais_jax.llada.sampler import completion_mask
-from ais_jax.llada.sft import T_MIN, sft_loss
-from ais_jax.optim import init_train_state
+from ais_jax.config.load import load_config
+from ais_jax.core.errors import UsageError
+from ais_jax.models.llada.model import LLaDAConfig, forward, init_params
+from ais_jax.rollout.llada_sampler import completion_mask
+from ais_jax.training.llada import steps as ls
+from ais_jax.training.llada.estimator import completion_logprobs
+from ais_jax.training.llada.sft import T_MIN, sft_loss
+from ais_jax.training.optim import init_train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LCFG = LLaDAConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -114,7 +115,7 @@ def test_update_gradient_equals_a_reference_loss():
     state = init_train_state(PARAMS, optax.sgd(1.0))
     new, mets = ls.update(state, batch, rewards, jax.random.key(0), None, None, optax.sgd(1.0),
                           LCFG, cfg)
-    from ais_jax.grpo import group_advantages
+    from ais_jax.method.grpo import group_advantages
 
     adv = np.repeat(np.asarray(group_advantages(rewards)).reshape(-1, 1), 8, 1)
     mask = np.asarray(batch.mask)
@@ -182,7 +183,7 @@ def test_bad_diffusion_setting_exits_2_from_the_cli(tmp_path):
 
 
 def test_llada_checkpoint_without_mask_token_exits_2(tmp_path):
-    from ais_jax.llada import save
+    from ais_jax.models.llada.checkpoint import save
 
     d = tmp_path / "ck"
     save(str(d), PARAMS, LCFG)
@@ -196,7 +197,7 @@ def test_llada_checkpoint_without_mask_token_exits_2(tmp_path):
 
 @pytest.mark.slow  # ~40 s: two short CLI runs (warm start + 2 GRPO steps, then a resume)
 def test_cli_trains_exports_and_reloads_a_llada_policy(tmp_path):
-    from ais_jax.train import run
+    from ais_jax.run.cli import run
 
     out = str(tmp_path / "run")
     cfg = load_config(None, [*LLADA_RUN, f"out_dir={out}", "train.steps=2", "sft.steps=3",
@@ -222,7 +223,7 @@ def test_cli_trains_exports_and_reloads_a_llada_policy(tmp_path):
 
 def _char_llada_dir(tmp_path) -> str:
     """A random scratch-style LLaDA checkpoint with its character tokenizer."""
-    from ais_jax.llada import save
+    from ais_jax.models.llada.checkpoint import save
     from ais_jax.tasks import CharTokenizer
 
     tok = CharTokenizer()
@@ -239,7 +240,7 @@ def _char_llada_dir(tmp_path) -> str:
 
 
 def test_mismatch_cli_on_a_llada_checkpoint(tmp_path, capsys):
-    from ais_jax import mismatch
+    from ais_jax.run import mismatch
 
     d = _char_llada_dir(tmp_path)
     out = str(tmp_path / "m.json")
@@ -258,7 +259,7 @@ def test_mismatch_cli_on_a_llada_checkpoint(tmp_path, capsys):
 
 
 def test_plan_refuses_llada(tmp_path):
-    from ais_jax import plan
+    from ais_jax.run import plan
 
     cfg = load_config(None, [*LLADA_RUN, f"out_dir={tmp_path}/r"])
     with pytest.raises(UsageError, match="autoregressive update only"):

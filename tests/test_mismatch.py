@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from ais_jax import mismatch
+from ais_jax.run import mismatch
 
 
 def test_random_tiny_run_prints_table_and_json(tmp_path, capsys):
@@ -34,7 +34,7 @@ def test_random_tiny_run_prints_table_and_json(tmp_path, capsys):
 def test_scratch_export_with_char_tokenizer_loads(tmp_path, capsys):
     """A policy exported by a scratch run (HF weights + char_tokenizer.json) is a valid --model,
     and its prompts are encoded with the character tokenizer it was trained with."""
-    from ais_jax.pretrained import save_pretrained
+    from ais_jax.models.pretrained import save_pretrained
 
     params, cfg, tok = mismatch._tiny_model(0)
     save_pretrained(params, cfg, str(tmp_path / "policy"))

@@ -1,4 +1,5 @@
-"""Tests for ais_jax.model: params layout, numerics, masking (cached decode: test_decode.py)."""
+"""Tests for ais_jax.models.model: params layout, numerics, masking (cached decode:
+test_decode.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from _models import FULL, TINY
 from _models import left_padded as _left_padded
 from _models import random_params as _random_params
 
-from ais_jax import fp8, layout, model
+from ais_jax.models import fp8, layout, model
 
 forward = jax.jit(model.forward, static_argnums=2)
 
@@ -51,7 +52,7 @@ def test_init_params_layout(cfg):
 
 
 def _init_params_before_the_table(key, cfg, dtype):
-    """`init_params` as written before `ais_jax.layout` (the reference for bit-identity)."""
+    """`init_params` as written before `ais_jax.models.layout` (the reference for bit-identity)."""
     D, F, H, Q, K, V, L = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim,
                            cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.num_layers)
     keys = iter(jax.random.split(key, 16))

@@ -16,10 +16,10 @@ import jax
 import pytest
 from _tiny import TINY_MODEL
 
-from ais_jax import plan
-from ais_jax.errors import UsageError
-from ais_jax.hf_config import HF_PRESETS, hf_config_from_model_config
-from ais_jax.model import ModelConfig
+from ais_jax.core.errors import UsageError
+from ais_jax.models.hf_config import HF_PRESETS, hf_config_from_model_config
+from ais_jax.models.model import ModelConfig
+from ais_jax.run import plan
 
 TINY = [*TINY_MODEL, "rollout.prompts_per_step=4", "rollout.group_size=2",
         "rollout.max_new_tokens=4", "sft.steps=0"]
@@ -135,8 +135,8 @@ def test_config_json_wins_over_preset_and_scratch_matches_build(tmp_path):
     mc, origin = plan.resolve_model_config(plan.load_plan_config(None, [f"model.source={d}"]))
     assert origin.endswith("config.json") and mc.hidden_size == 16 and mc.num_layers == 2
 
-    from ais_jax.build import scratch_model_config
     from ais_jax.tasks import CharTokenizer
+    from ais_jax.training.build import scratch_model_config
 
     cfg = plan.load_plan_config(None, TINY)
     m = cfg.model

@@ -1,4 +1,5 @@
-"""Tests of ais_jax.plots: PNGs from a synthetic metrics.jsonl, run overlays, bad-input errors."""
+"""Tests of ais_jax.run.plots: PNGs from a synthetic metrics.jsonl, run overlays, bad-input
+errors."""
 
 import json
 import math
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ais_jax import plots
+from ais_jax.run import plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,5 @@
-"""Tests for ais_jax.pretrained: HF configs, safetensors / GGUF loading and saving, parity."""
+"""Tests for ais_jax.models.pretrained: HF configs, safetensors / GGUF loading and saving,
+parity."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from ais_jax import decode, fp8, model
-from ais_jax.pretrained import (
+from ais_jax.models import decode, fp8, kv_cache, model
+from ais_jax.models.pretrained import (
     CheckpointError,
     hf_config_from_model_config,
     load_pretrained,
@@ -444,7 +445,7 @@ def test_smollm2_gguf_matches_transformers(smollm2):
     B, P = tokens.shape
     N = 32
     step = jax.jit(decode.extend, static_argnums=4)
-    cache = decode.init_cache(cfg, B, P + N, jnp.float32)
+    cache = kv_cache.init_cache(cfg, B, P + N, jnp.float32)
     logits, cache = step(params, jnp.asarray(tokens), jnp.asarray(mask), cache, cfg)
     out = []
     for _ in range(N):

@@ -11,7 +11,7 @@ pytest.importorskip("reasoning_gym")
 
 from _tiny import TINY_MODEL
 
-from ais_jax.errors import UsageError
+from ais_jax.core.errors import UsageError
 from ais_jax.tasks import check_task_settings, get_task
 from ais_jax.tasks.reasoning_gym_task import chat_prompt
 

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from ais_jax import layout, model
-from ais_jax.config import load_config
-from ais_jax.errors import CheckpointError, UsageError
-from ais_jax.hf_config import model_config_from_hf
-from ais_jax.pretrained import load_pretrained, save_pretrained
-from ais_jax.safe_yaml import clip
+from ais_jax.config.load import load_config
+from ais_jax.core.errors import CheckpointError, UsageError
+from ais_jax.core.safe_yaml import clip
+from ais_jax.models import layout, model
+from ais_jax.models.hf_config import model_config_from_hf
+from ais_jax.models.pretrained import load_pretrained, save_pretrained
 from ais_jax.tasks import load_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

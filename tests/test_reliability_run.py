@@ -1,4 +1,4 @@
-"""Runs that survive real life (`ais_jax.runguard`): the out_dir lock, the config stored
+"""Runs that survive real life (`ais_jax.run.runguard`): the out_dir lock, the config stored
 with checkpoints, checkpoint fallback, a crash-proof metrics.jsonl and SIGTERM / SIGINT.
 
 Tiny runs (the TINY overrides of test_train.py), in-process through `train.main`
@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 from _tiny import TINY_RUN
 
-from ais_jax import runguard, train
-from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
-from ais_jax.errors import UsageError
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+from ais_jax.core.errors import UsageError
+from ais_jax.run import cli as train
+from ais_jax.run import runguard
 
 TINY = [*TINY_RUN, "train.learning_rate=0.003"]
 TIMING = {"step_time_s"}
@@ -242,9 +244,9 @@ def test_export_refuses_non_finite_weights(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from ais_jax.errors import CheckpointError
-    from ais_jax.model import ModelConfig, init_params
-    from ais_jax.pretrained import save_pretrained
+    from ais_jax.core.errors import CheckpointError
+    from ais_jax.models.model import ModelConfig, init_params
+    from ais_jax.models.pretrained import save_pretrained
 
     mc = ModelConfig(vocab_size=17, hidden_size=16, intermediate_size=32, num_layers=1,
                      num_heads=2, num_kv_heads=1, head_dim=8)

@@ -74,7 +74,7 @@ def test_long_arms_grid_names_and_overrides():
     assert grid["long_nvfp4_ais_s0"] == ("seed=0", *mod.SETTINGS["nvfp4"], "ais.mode=ais")
     assert "long_bf16_s0" not in mod.planned([0], ["e4m3"], ["none"], with_bf16=False)
     # every arm's overrides are valid config keys and values
-    from ais_jax.config import load_config
+    from ais_jax.config.load import load_config
 
     for ov in grid.values():
         load_config(os.path.join(ROOT, mod.CONFIG), [*mod.FROM_WARM, *ov])

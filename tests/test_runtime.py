@@ -1,4 +1,4 @@
-"""Tests of ais_jax.runtime: the persistent compilation cache and the profiler trace.
+"""Tests of ais_jax.run.runtime: the persistent compilation cache and the profiler trace.
 
 The tests point JAX's (process-global) compilation cache at temporary
 directories and put the previous setting back afterwards.
@@ -19,9 +19,11 @@ import pytest
 from _tiny import TINY_RUN
 from jax.experimental.compilation_cache import compilation_cache
 
-from ais_jax import runtime, train
-from ais_jax.config import DEFAULT_COMPILE_CACHE, RuntimeSection, load_config
-from ais_jax.errors import UsageError
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import DEFAULT_COMPILE_CACHE, RuntimeSection
+from ais_jax.core.errors import UsageError
+from ais_jax.run import cli as train
+from ais_jax.run import runtime
 
 TINY = [*TINY_RUN, "checkpoint.every=0"]
 _FLAGS = ("jax_compilation_cache_dir", *runtime._THRESHOLDS)
@@ -111,8 +113,8 @@ def test_cli_bad_directory_exits_2_naming_the_key(key, tmp_path, capsys):
 _PROBE = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp
     from jax._src import monitoring
-    from ais_jax import runtime
-    from ais_jax.config import RuntimeSection
+    from ais_jax.run import runtime
+    from ais_jax.config.schema import RuntimeSection
     hits = []
     monitoring.register_event_listener(
         lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)

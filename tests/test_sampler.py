@@ -1,4 +1,5 @@
-"""Tests for ais_jax.sampler: distribution, log-prob fidelity, EOS, groups, compilation, errors."""
+"""Tests for ais_jax.rollout.sampler: distribution, log-prob fidelity, EOS, groups, compilation,
+errors."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ais_jax import decode as decode_lib
-from ais_jax import distributions, fp8, sampler
-from ais_jax import model as model_lib
-from ais_jax.distributions import sample_logits, token_logprobs, truncate_logits
-from ais_jax.model import ModelConfig
-from ais_jax.sampler import bucket_length, default_segments, pad_prompts, sample
+from ais_jax.method import distributions
+from ais_jax.method.distributions import sample_logits, token_logprobs, truncate_logits
+from ais_jax.models import decode as decode_lib
+from ais_jax.models import fp8
+from ais_jax.models import model as model_lib
+from ais_jax.models.model import ModelConfig
+from ais_jax.rollout import sampler
+from ais_jax.rollout.sampler import bucket_length, default_segments, pad_prompts, sample
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64)

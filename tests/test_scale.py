@@ -20,12 +20,13 @@ import numpy as np
 import optax
 import pytest
 
-from ais_jax import grpo, optim, steps
-from ais_jax import model as model_lib
-from ais_jax.distributions import token_logprobs
-from ais_jax.errors import UsageError
-from ais_jax.logprobs import completion_logprobs, hidden_states
-from ais_jax.rl import grow_prompt_bucket
+from ais_jax.core.errors import UsageError
+from ais_jax.method import grpo
+from ais_jax.method.distributions import token_logprobs
+from ais_jax.models import model as model_lib
+from ais_jax.training import optim, policy, steps
+from ais_jax.training.logprobs import completion_logprobs, hidden_states
+from ais_jax.training.rl import grow_prompt_bucket
 
 CFG = model_lib.ModelConfig(vocab_size=53, hidden_size=32, intermediate_size=48, num_layers=2,
                             num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64)
@@ -87,11 +88,11 @@ def test_loss_and_grads_with_remat_chunks_and_accumulation_equal_plain(aggregati
     params, prompt, pmask, toks = _batch(3)
     gb = _gb(params, prompt, pmask, toks)
     loss_cfg = grpo.LossConfig(beta_kl=0.05, aggregation=aggregation)
-    scoring = grpo.Scoring(compute_dtype=jnp.float32, chunk=3, remat="full")
+    scoring = policy.Scoring(compute_dtype=jnp.float32, chunk=3, remat="full")
     (want, wm), wg = jax.value_and_grad(_plain_loss, has_aux=True)(params, gb, loss_cfg)
 
     def loss_fn(p, mb, totals=None):
-        return grpo.policy_loss(p, mb, CFG, loss_cfg, scoring, totals)
+        return policy.policy_loss(p, mb, CFG, loss_cfg, scoring, totals)
 
     if micro == 1:
         (got, gm), gg = jax.value_and_grad(loss_fn, has_aux=True)(params, gb)
@@ -151,7 +152,7 @@ def test_f32_master_moves_under_small_lr_where_bf16_would_not():
 
 
 def test_cli_refuses_bf16_master_at_a_learning_rate_it_cannot_represent(tmp_path, capsys):
-    from ais_jax import train
+    from ais_jax.run import cli as train
 
     base = [f"out_dir={tmp_path}", "model.hidden_size=32", "model.num_layers=1",
             "model.num_heads=2", "model.num_kv_heads=1", "model.head_dim=16",
@@ -168,7 +169,7 @@ def test_cli_refuses_bf16_master_at_a_learning_rate_it_cannot_represent(tmp_path
     ("train.remat=sometimes", "train.remat"),
 ])
 def test_bad_scale_settings_exit_2(override, needle, tmp_path, capsys):
-    from ais_jax import train
+    from ais_jax.run import cli as train
 
     code = train.main([f"out_dir={tmp_path}", "rollout.prompts_per_step=8",
                        "rollout.group_size=4", "log.progress=false", override])
@@ -189,10 +190,10 @@ def test_prompt_bucket_grows_through_a_bounded_set():
 _HLO_SCRIPT = r"""
 import json, re, sys
 import jax, jax.numpy as jnp
-from ais_jax import optim, steps
-from ais_jax import sharding as shd
-from ais_jax.config import load_config
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.training import optim, steps
+from ais_jax.training import sharding as shd
+from ais_jax.config.load import load_config
+from ais_jax.models.model import ModelConfig, init_params
 V = 173
 mc = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=8)
@@ -239,9 +240,9 @@ def test_merge_rows_inverts_split_rows():
 _HEAD_SCRIPT = r"""
 import json, re
 import jax, jax.numpy as jnp
-from ais_jax import grpo
-from ais_jax import sharding as shd
-from ais_jax.model import ModelConfig, init_params
+from ais_jax.training import policy
+from ais_jax.training import sharding as shd
+from ais_jax.models.model import ModelConfig, init_params
 V = 176  # divisible by fsdp=4: the untied head runs vocab-parallel
 mc = ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=8, tie_embeddings=False)
@@ -255,8 +256,8 @@ toks = jax.random.randint(k3, (8, 6), 0, V)
 head = shd.head_constraint(mesh, V)
 assert head is not None
 def loss(p, sc):
-    return jnp.sum(grpo.trainer_logprobs(p, prompt, pmask, toks, mc, sc) ** 2)
-plain = grpo.Scoring(compute_dtype=jnp.float32, chunk=4)
+    return jnp.sum(policy.trainer_logprobs(p, prompt, pmask, toks, mc, sc) ** 2)
+plain = policy.Scoring(compute_dtype=jnp.float32, chunk=4)
 sharded = plain._replace(constrain=shd.batch_constraint(mesh), head_constrain=head)
 psh = shd.param_shardings(params, mesh)
 assert psh["lm_head"].spec == jax.sharding.PartitionSpec(("fsdp",), None), psh["lm_head"].spec

@@ -1,4 +1,5 @@
-"""Tests of ais_jax.sharding: param specs from the parameter table, optimizer-state shardings."""
+"""Tests of ais_jax.training.sharding: param specs from the parameter table, optimizer-state
+shardings."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import optax
 import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
-from ais_jax import fp8, layout, model
-from ais_jax import sharding as shd
+from ais_jax.models import fp8, layout, model
+from ais_jax.training import sharding as shd
 
 # q/o and gate/down projections share a shape ([L, 32, 32]) but not a layout.
 SQUARE = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_layers=2,
@@ -122,7 +123,8 @@ def test_opt_state_shardings_place_and_update_on_four_devices():
     """Real (simulated) devices: the shardings place the state and serve a jitted update."""
     code = textwrap.dedent("""
         import jax, optax
-        from ais_jax import model, sharding as shd
+        from ais_jax.models import model
+        from ais_jax.training import sharding as shd
         cfg = model.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=32,
                                 num_layers=2, num_heads=2, num_kv_heads=2, head_dim=16)
         mesh = shd.make_mesh(1, 2, 2)

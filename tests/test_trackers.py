@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 from _tiny import TINY_RUN
 
-from ais_jax import trackers, train
-from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+from ais_jax.method import corrections
+from ais_jax.run import cli as train
+from ais_jax.run import trackers
 
 TINY = [*TINY_RUN, "train.learning_rate=0.003"]
 
@@ -31,7 +34,7 @@ def test_ratio_stats_and_rows():
     lo = np.array([[-1.0, -2.0, 0.0], [-1.0, -np.inf, 0.0]])
     lp = np.array([[-1.5, -1.0, -9.0], [-1.0, -1.0, 0.0]])
     m = np.array([[1, 1, 0], [1, 1, 0]], np.float32)
-    st = trackers.ratio_stats((lo, lo), lp, m)
+    st = corrections.ratio_stats((lo, lo), lp, m)
     np.testing.assert_allclose(st["log_ratio_abs_mean"][0], 0.75)
     np.testing.assert_allclose(st["log_ratio_abs_max"][0], 1.0)
     np.testing.assert_allclose(st["log_ratio_sum"][0], -0.5)

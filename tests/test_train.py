@@ -22,11 +22,13 @@ import optax
 import pytest
 from _tiny import TINY_RUN
 
-from ais_jax import optim, steps, train
-from ais_jax.codec import PromptCodec
-from ais_jax.config import DEFAULT_CONFIG_PATH, load_config
-from ais_jax.errors import UsageError
-from ais_jax.warmstart import sft_batch
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+from ais_jax.core.errors import UsageError
+from ais_jax.rollout.codec import PromptCodec
+from ais_jax.run import cli as train
+from ais_jax.training import optim, steps
+from ais_jax.training.warmstart import sft_batch
 
 TINY = [*TINY_RUN, "train.learning_rate=0.003"]
 # Metrics that depend on wall time, not on the computation.
@@ -199,11 +201,12 @@ def test_decode_loop_never_gathers_weights():
 _PLACE_SCRIPT = r"""
 import os, sys
 import numpy as np
-from ais_jax import train
+from ais_jax.run import cli as train
 train._init_distributed(False)
 import jax, jax.numpy as jnp
-from ais_jax import checkpoint as ckpt, sharding as shd
-from ais_jax.placement import place
+from ais_jax.run import checkpoint as ckpt
+from ais_jax.training import sharding as shd
+from ais_jax.training.placement import place
 mesh = shd.make_mesh(1, 2, 1)  # fsdp over the two processes, one device each
 tree = {"w": jnp.arange(8.0).reshape(4, 2), "n": jnp.ones((3,))}
 shardings = shd.param_shardings(tree, mesh)
@@ -259,8 +262,8 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
 
 
 def test_nonfinite_update_is_skipped_and_counted():
-    from ais_jax.model import ModelConfig, init_params
-    from ais_jax.sharding import make_mesh
+    from ais_jax.models.model import ModelConfig, init_params
+    from ais_jax.training.sharding import make_mesh
 
     mc = ModelConfig(vocab_size=17, hidden_size=16, intermediate_size=32, num_layers=1,
                      num_heads=2, num_kv_heads=1, head_dim=8)
@@ -281,7 +284,7 @@ def test_nonfinite_update_is_skipped_and_counted():
 
 
 def test_sft_warm_start_lowers_the_loss():
-    from ais_jax.model import ModelConfig, init_params
+    from ais_jax.models.model import ModelConfig, init_params
 
     mc = ModelConfig(vocab_size=11, hidden_size=32, intermediate_size=64, num_layers=1,
                      num_heads=2, num_kv_heads=1, head_dim=16)

@@ -9,10 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from ais_jax import model as model_lib
-from ais_jax import optim, trainer
-from ais_jax.config import load_config
-from ais_jax.steps import RolloutBatch
+from ais_jax.config.load import load_config
+from ais_jax.models import model as model_lib
+from ais_jax.training import optim, trainer
+from ais_jax.training.trainer import RolloutBatch
 
 MC = model_lib.ModelConfig(vocab_size=37, hidden_size=32, intermediate_size=48, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64)
@@ -140,7 +140,7 @@ def test_nan_sampler_logprob_skips_the_update():
 
 
 def test_warmup_counts_rl_steps_and_starts_above_zero():
-    from ais_jax.build import rl_warmup
+    from ais_jax.training.build import rl_warmup
 
     sched = rl_warmup(1e-3, warmup_steps=10, updates_per_step=4)  # e.g. 4 minibatches
     lrs = np.array([float(sched(c)) for c in range(48)])

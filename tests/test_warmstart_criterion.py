@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from _tiny import TINY_RUN
 
-from ais_jax.build import build_run
-from ais_jax.config import load_config
-from ais_jax.warmstart import WarmStartLog, sft_batch, validation_problems, warm_start
+from ais_jax.config.load import load_config
+from ais_jax.training.build import build_run
+from ais_jax.training.warmstart import WarmStartLog, sft_batch, validation_problems, warm_start
 
 STEPS = 6
 BASE = [*TINY_RUN, f"sft.steps={STEPS}", "sft.warmup_steps=2", "sft.batch_size=8",

@@ -1,5 +1,9 @@
 """Verifiable reasoning tasks: generators, prompt formats, verifiers, rewards and evaluation.
 
+Beside the stack: tasks know nothing of models, the method or training, and may import only
+`ais_jax.core`; the config checks, training and runs use them. User reward functions by import
+path are `user_rewards`; datasets as a task are `user_dataset`.
+
 Built-in tasks (``TASKS``): ``countdown``, ``sudoku``, ``arithmetic``,
 ``gsm_synth`` (procedural GSM8K-style word problems) and ``multiplication``
 (multi-digit products with a long written scratchpad).  GSM8K / MATH files are
@@ -31,7 +35,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ais_jax.errors import UsageError
+from ais_jax.core.errors import UsageError
 from ais_jax.tasks import arithmetic, countdown, gsm_synth, multiplication, sudoku
 from ais_jax.tasks.base import Problem, Task, split_of
 from ais_jax.tasks.evaluate import EvalResult, evaluate, pass_at_k

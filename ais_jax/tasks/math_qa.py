@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ais_jax.errors import UsageError
+from ais_jax.core.errors import UsageError
 from ais_jax.tasks import base
 from ais_jax.tasks.equivalence import answers_equal, resolve_equivalence
 from ais_jax.tasks.extract import after_hashes, answer_is, last_boxed, last_number, last_tag

@@ -37,7 +37,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ais_jax.errors import UsageError
+from ais_jax.core.errors import UsageError
 from ais_jax.tasks import base
 from ais_jax.tasks.extract import last_tag, tagged_or_whole
 
@@ -113,25 +113,8 @@ def chat_prompt(question: str) -> str:
     return f"{question}\n{_TAG_NOTE}"
 
 
-def reasoning_gym_task(dataset: str, *, name: str | None = None, **config: Any) -> base.Task:
-    """Wrap a reasoning-gym dataset as a `Task`.
-
-    Args:
-      dataset: reasoning-gym dataset name, e.g. ``"leg_counting"``.
-      name: task name (default ``"rg_<dataset>"``); it seeds the train/eval split.
-      **config: dataset configuration passed to ``create_dataset``; keyword
-        arguments of ``generate`` are added to it per call.
-
-    Returns:
-      A task; ``generate(seed, n, split="train", **config)`` draws ``n``
-      problems of the split.
-
-    Raises:
-      ImportError: reasoning-gym is not installed.
-      UsageError: reasoning-gym refuses the dataset name or the configuration.
-    """
-    rg = _import_reasoning_gym()
-    task_name = name or f"rg_{dataset}"
+def _creator(rg: Any, dataset: str) -> Any:
+    """``create(cfg, size=, seed=)``: reasoning-gym's ``create_dataset`` with one-line errors."""
 
     def create(cfg: Mapping[str, Any], *, size: int, seed: int) -> Any:
         try:
@@ -150,6 +133,67 @@ def reasoning_gym_task(dataset: str, *, name: str | None = None, **config: Any) 
                 f"{dataset} refuses {settings} (task.difficulty={{}}: its defaults): {_one_line(e)}"
             ) from None
 
+    return create
+
+
+def _draw(create: Any, task_name: str, cfg: Mapping[str, Any], seed: int, n: int,
+          split: str) -> list[base.Problem]:
+    """``n`` problems of ``split`` (the hash split of the question), drawn in seeded chunks."""
+    base.check_split(split)
+    base.check_count(n)
+    out: list[base.Problem] = []
+    chunk = max(16, 2 * n)
+    for attempt in range(100):
+        if len(out) >= n:
+            break
+        sub_seed = random.Random(f"{seed}/{attempt}").getrandbits(31)
+        for entry in create(cfg, size=chunk, seed=sub_seed):
+            question = str(entry["question"])
+            if base.split_of(task_name, question) != split:
+                continue
+            out.append(base.Problem(base.problem_id(task_name, question), question,
+                                    gold_answer(entry), {"entry": entry, "config": dict(cfg)}))
+            if len(out) == n:
+                break
+    if len(out) < n:
+        raise ValueError(f"{task_name}: could only draw {len(out)} of {n} {split!r} problems.")
+    return out
+
+
+def _score(text: str, problem: base.Problem, scorer: Any, task_name: str) -> float:
+    """reasoning-gym's ``score_answer`` of the tagged (or whole) answer, in [0, 1]; 0 when it
+    fails."""
+    answer = tagged_or_whole(text)
+    if answer is None:
+        return 0.0
+    try:
+        s = float(scorer.score_answer(answer=answer, entry=problem.metadata["entry"]))
+    except Exception:
+        _LOG.warning("%s: reasoning-gym's scorer failed on answer %.80r; scored 0", task_name,
+                     answer, exc_info=True)
+        return 0.0
+    return min(max(s, 0.0), 1.0) if math.isfinite(s) else 0.0
+
+
+def reasoning_gym_task(dataset: str, *, name: str | None = None, **config: Any) -> base.Task:
+    """Wrap a reasoning-gym dataset as a `Task`.
+
+    Args:
+      dataset: reasoning-gym dataset name, e.g. ``"leg_counting"``.
+      name: task name (default ``"rg_<dataset>"``); it seeds the train/eval split.
+      **config: dataset configuration passed to ``create_dataset``; keyword
+        arguments of ``generate`` are added to it per call.
+
+    Returns:
+      A task; ``generate(seed, n, split="train", **config)`` draws ``n``
+      problems of the split.
+
+    Raises:
+      ImportError: reasoning-gym is not installed.
+      UsageError: reasoning-gym refuses the dataset name or the configuration.
+    """
+    create = _creator(_import_reasoning_gym(), dataset)
+    task_name = name or f"rg_{dataset}"
     scorers: dict[str, Any] = {}
 
     def scorer_for(cfg: Mapping[str, Any]) -> Any:
@@ -160,54 +204,13 @@ def reasoning_gym_task(dataset: str, *, name: str | None = None, **config: Any) 
 
     scorer_for(config)  # fail now on a bad name or configuration
 
-    def generate(seed: int, n: int, split: str = "train", **more: Any) -> list[base.Problem]:
-        base.check_split(split)
-        base.check_count(n)
-        cfg = {**config, **more}
-        out: list[base.Problem] = []
-        chunk = max(16, 2 * n)
-        for attempt in range(100):
-            if len(out) >= n:
-                break
-            sub_seed = random.Random(f"{seed}/{attempt}").getrandbits(31)
-            for entry in create(cfg, size=chunk, seed=sub_seed):
-                question = str(entry["question"])
-                if base.split_of(task_name, question) != split:
-                    continue
-                out.append(
-                    base.Problem(
-                        base.problem_id(task_name, question),
-                        question,
-                        gold_answer(entry),
-                        {"entry": entry, "config": cfg},
-                    )
-                )
-                if len(out) == n:
-                    break
-        if len(out) < n:
-            raise ValueError(f"{task_name}: could only draw {len(out)} of {n} {split!r} problems.")
-        return out
-
-    def score(text: str, problem: base.Problem) -> float:
-        answer = tagged_or_whole(text)
-        if answer is None:
-            return 0.0
-        scorer = scorer_for(problem.metadata.get("config", config))
-        try:
-            s = float(scorer.score_answer(answer=answer, entry=problem.metadata["entry"]))
-        except Exception:
-            _LOG.warning(
-                "%s: reasoning-gym's scorer failed on answer %.80r; scored 0",
-                task_name,
-                answer,
-                exc_info=True,
-            )
-            return 0.0
-        return min(max(s, 0.0), 1.0) if math.isfinite(s) else 0.0
+    def score(text: str, p: base.Problem) -> float:
+        return _score(text, p, scorer_for(p.metadata.get("config", config)), task_name)
 
     return base.Task(
         name=task_name,
-        generate=generate,
+        generate=lambda seed, n, split="train", **more: _draw(
+            create, task_name, {**config, **more}, seed, n, split),
         compact_prompt=lambda p: f"{p.prompt}\n",
         chat_messages=lambda p: base.user_message(chat_prompt(p.prompt)),
         extract=tagged_or_whole,

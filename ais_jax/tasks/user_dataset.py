@@ -5,7 +5,7 @@ with ``load_dataset("json")``, ``.parquet`` with ``load_dataset("parquet")``,
 ``.csv`` with ``load_dataset("csv")``, and a directory with
 ``load_from_disk`` (a `DatasetDict` contributes its ``train`` split, or its
 only split).  A list of dict rows or a ``datasets.Dataset`` can be passed
-directly (`ais_jax.train.run(cfg, dataset=...)`).
+directly (`ais_jax.run.cli.run(cfg, dataset=...)`).
 
 Columns (``task.*`` keys): the problem is ``row[prompt_key]`` (a string), or
 with ``messages_key`` set, ``row[messages_key]``, a list of
@@ -48,8 +48,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ais_jax.errors import UsageError
-from ais_jax.safe_yaml import clip
+from ais_jax.core.errors import UsageError
+from ais_jax.core.safe_yaml import clip
 from ais_jax.tasks import base, math_qa
 from ais_jax.tasks.equivalence import answers_equal, parse_number
 

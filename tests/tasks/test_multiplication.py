@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ais_jax.errors import UsageError
+from ais_jax.core.errors import UsageError
 from ais_jax.tasks import TASKS, CharTokenizer, base, check_task_settings, multiplication
 
 M = multiplication

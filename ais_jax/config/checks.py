@@ -1,0 +1,256 @@
+"""Validation of a run configuration: value ranges, choices, paths and cross-field rules.
+
+`ais_jax.config.load.validate` calls `validate_config`; every problem is a one-line
+`UsageError` that names the key and the fix (the CLI prints it and exits 2).
+User values in messages are clipped (`ais_jax.core.safe_yaml.clip`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from ais_jax.config.schema import CHOICES, SKIP_PATH_CHECK_ENV, SPECIAL_SOURCES
+from ais_jax.core.errors import UsageError
+from ais_jax.core.safe_yaml import clip
+
+if TYPE_CHECKING:
+    from ais_jax.config.schema import (
+        AISSection,
+        Config,
+        ModelSection,
+        RolloutSection,
+        RuntimeSection,
+        SFTSection,
+        TaskSection,
+        TrainSection,
+    )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)
+
+
+def _at_least(section: str, values: object, names: tuple[str, ...], low: int) -> None:
+    for name in names:
+        value = getattr(values, name)
+        _require(value >= low, f"{section}.{name} must be >= {low}, got {value}")
+
+
+def _check_path(key: str, path: str, allow_dir: bool = False) -> None:
+    if os.environ.get(SKIP_PATH_CHECK_ENV) == "1":
+        return
+    if key == "model.source":
+        _require(
+            os.path.exists(path),
+            f"model.source path {clip(path)} does not exist; point it at an HF directory or a "
+            f".gguf file, or use 'scratch' or 'smollm2'",
+        )
+        _require(
+            os.path.isdir(path) or path.endswith(".gguf"),
+            f"model.source {clip(path)} is neither a directory nor a .gguf file; "
+            "point it at an HF directory or a .gguf file",
+        )
+    elif key == "out_dir":
+        _require(not os.path.exists(path) or os.path.isdir(path),
+                 f"out_dir {clip(path)} is an existing file, not a directory; pick another out_dir")
+    else:
+        _require(
+            os.path.isfile(path) or (allow_dir and os.path.isdir(path)),
+            f"{key} {clip(path)} is not a file; point it at a local JSONL file or set it to ''",
+        )
+
+
+def _validate_choices(cfg: Config) -> None:
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        _require(
+            value in choices,
+            f"{key} must be one of {', '.join(map(repr, choices))}, got {clip(value)}",
+        )
+    _require(bool(cfg.out_dir), "out_dir is empty; set it to a run directory, e.g. runs/my_run")
+    _require("\x00" not in cfg.out_dir, "out_dir contains a NUL byte; set it to a directory path")
+    _check_path("out_dir", cfg.out_dir)
+    _require(0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32), got {clip(cfg.seed)}")
+
+
+def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
+    if m.source not in SPECIAL_SOURCES:
+        _check_path("model.source", m.source)
+    sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+    _at_least("model", m, (*sizes, "intermediate_size"), 1)
+    _require(
+        m.num_heads % m.num_kv_heads == 0,
+        f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}",
+    )
+    _require(bool(t.name), "task.name is empty; set it to a task such as arithmetic")
+    _require(t.eval_size >= 1, f"task.eval_size must be >= 1, got {t.eval_size}")
+    for key, path in (("task.train_file", t.train_file), ("task.eval_file", t.eval_file)):
+        if path:
+            _check_path(key, path, allow_dir=t.name == "dataset")
+
+
+def _validate_rollout_ais(r: RolloutSection, a: AISSection) -> None:
+    _require(
+        r.temperature >= 1.1754943508222875e-38,  # distributions.MIN_TEMPERATURE
+        f"rollout.temperature must be >= 1.18e-38 (float32's smallest normal number) for RL, "
+        f"got {r.temperature}; tiny temperatures are exact, 0 (greedy) has no log-probs",
+    )
+    _require(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}; 1 disables it")
+    _require(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 disables it), got {r.top_k}")
+    _at_least("rollout", r, ("max_new_tokens", "prompts_per_step"), 1)
+    for name in ("weight_scaling", "act_scaling"):  # FP4: fixed block scales, BF16 activations
+        _require(
+            r.precision != "fp8" or r.fp8_format not in ("nvfp4", "mxfp4")
+            or getattr(r, name) == "tensor",
+            f"rollout.{name}={clip(getattr(r, name))} does not apply to rollout.fp8_format="
+            f"{r.fp8_format} (block-scaled FP4 weights, BF16 activations); leave it at 'tensor'",
+        )
+    _require(
+        r.group_size >= 2,
+        f"rollout.group_size must be >= 2 (GRPO needs >= 2 samples per prompt), got {r.group_size}",
+    )
+    _require(a.C > 1, f"ais.C must be > 1 (the ratio truncation cap), got {a.C}")
+    for name in ("delta", "gamma", "eps"):
+        value = getattr(a, name)
+        _require(value > 0, f"ais.{name} must be > 0, got {value}")
+    _require(a.beta_var >= 0, f"ais.beta_var must be >= 0, got {a.beta_var}")
+    _require(a.geo_threshold >= 0,
+             f"ais.geo_threshold must be >= 0 (a bound on |mean log-ratio|), got "
+             f"{a.geo_threshold}")
+
+
+def _validate_train(tr: TrainSection, r: RolloutSection) -> None:
+    _require(tr.steps >= 1, f"train.steps must be >= 1, got {tr.steps}")
+    _require(tr.learning_rate > 0, f"train.learning_rate must be > 0, got {tr.learning_rate}")
+    _at_least("train", tr, ("epochs", "minibatches"), 1)
+    _require(tr.clip_eps > 0, f"train.clip_eps must be > 0, got {tr.clip_eps}")
+    nonnegative = ("warmup_steps", "clip_norm", "weight_decay", "clip_eps_high", "beta_kl",
+                   "micro_batch_size", "logprob_chunk", "rng_stream")
+    _at_least("train", tr, (*nonnegative, "reward_format_weight"), 0)
+    batch = r.prompts_per_step * r.group_size
+    _require(
+        batch % tr.minibatches == 0,
+        f"train.minibatches={tr.minibatches} must divide rollout.prompts_per_step * "
+        f"rollout.group_size = {batch}; pick a divisor of {batch}",
+    )
+    mb = batch // tr.minibatches
+    _require(
+        tr.micro_batch_size == 0 or mb % tr.micro_batch_size == 0,
+        f"train.micro_batch_size={tr.micro_batch_size} must divide the minibatch of "
+        f"{mb} rows (prompts_per_step * group_size / minibatches); pick a divisor of {mb}",
+    )
+
+
+def _validate_rest(cfg: Config) -> None:
+    s = cfg.sft
+    _require(s.steps >= 0, f"sft.steps must be >= 0 (0 skips SFT), got {s.steps}")
+    _require(s.learning_rate > 0, f"sft.learning_rate must be > 0, got {s.learning_rate}")
+    _require(s.batch_size >= 1, f"sft.batch_size must be >= 1, got {s.batch_size}")
+    _require(
+        0.0 <= s.mistake_rate < 1.0, f"sft.mistake_rate must be in [0, 1), got {s.mistake_rate}"
+    )
+    _require(s.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {s.warmup_steps}")
+    _validate_sft_criterion(s)
+    _require(
+        cfg.eval.every >= 0,
+        f"eval.every must be >= 0 (0 = only before and after training), got {cfg.eval.every}",
+    )
+    _require(
+        cfg.eval.num_samples >= 1, f"eval.num_samples must be >= 1, got {cfg.eval.num_samples}"
+    )
+    _at_least("mesh", cfg.mesh, ("data", "fsdp", "tensor"), 1)
+    _require(
+        cfg.checkpoint.every >= 0,
+        f"checkpoint.every must be >= 0 (0 = never), got {cfg.checkpoint.every}",
+    )
+    _require(cfg.checkpoint.keep >= 1, f"checkpoint.keep must be >= 1, got {cfg.checkpoint.keep}")
+    _validate_runtime(cfg.runtime)
+    from ais_jax.tasks.user_rewards import check_names
+
+    check_names(dict(cfg.reward.functions), dict(cfg.reward.weights))
+
+
+def _validate_sft_criterion(s: SFTSection) -> None:
+    _require(0.0 <= s.target_accuracy <= 1.0,
+             f"sft.target_accuracy must be in [0, 1] (0 = off: run all sft.steps), got "
+             f"{s.target_accuracy}")
+    _require(s.check_every >= 1, "sft.check_every must be >= 1 (warm-start steps between "
+             f"checks), got {s.check_every}")
+    _require(s.check_size >= 1, f"sft.check_size must be >= 1 (validation problems), got "
+             f"{s.check_size}")
+    _require(s.max_steps == 0 or s.max_steps >= s.steps,
+             f"sft.max_steps={s.max_steps} must be 0 (= sft.steps) or >= sft.steps={s.steps}")
+    if s.target_accuracy > 0:
+        most = max(s.steps, s.max_steps)
+        _require(s.check_every <= most,
+                 f"sft.check_every={s.check_every} exceeds the {most} warm-start steps "
+                 "(sft.steps, sft.max_steps), so sft.target_accuracy would never be checked; "
+                 "lower sft.check_every or set sft.target_accuracy=0")
+
+
+def _validate_runtime(rt: RuntimeSection) -> None:
+    _require(
+        rt.profile_steps >= 1,
+        f"runtime.profile_steps must be >= 1 (RL steps traced), got {rt.profile_steps}; "
+        "set runtime.profile_dir='' to turn profiling off",
+    )
+    for key, value in (("runtime.compile_cache", rt.compile_cache),
+                       ("runtime.profile_dir", rt.profile_dir)):
+        _require("\x00" not in value, f"{key} contains a NUL byte; set it to a directory path")
+
+
+def check_diffusion(cfg: Config) -> None:
+    """The diffusion section and the settings a LLaDA policy (model.kind=llada) cannot take.
+
+    Called by `validate_config` when ``model.kind=llada`` and by the trainer once
+    ``auto`` has resolved to ``llada``.
+
+    Raises:
+      UsageError: one line naming the key and the fix.
+    """
+    d, r, tr = cfg.diffusion, cfg.rollout, cfg.train
+    n = r.max_new_tokens
+    _at_least("diffusion", d, ("block_length", "steps", "inner_iterations"), 1)
+    _require(n % d.block_length == 0,
+             f"diffusion.block_length={d.block_length} must divide rollout.max_new_tokens={n} "
+             "(the response is a whole number of blocks)")
+    blocks = n // d.block_length
+    _require(d.steps % blocks == 0,
+             f"diffusion.steps={d.steps} must be a multiple of the number of blocks {blocks} "
+             "(rollout.max_new_tokens / diffusion.block_length)")
+    _require(d.steps <= n, f"diffusion.steps={d.steps} must be <= rollout.max_new_tokens={n} "
+             "(each step reveals at least one token)")
+    _require(0.0 <= d.p_mask <= 1.0, f"diffusion.p_mask must be in [0, 1], got {d.p_mask}")
+    _require(tr.epochs == 1 and tr.minibatches == 1 and tr.micro_batch_size == 0,
+             "a LLaDA policy takes diffusion.inner_iterations gradient steps per batch; set "
+             "train.epochs=1 train.minibatches=1 train.micro_batch_size=0")
+    _require(r.top_k == 0 and r.top_p == 1.0,
+             "the LLaDA sampler has no top-k / top-p; set rollout.top_k=0 rollout.top_p=1")
+    _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")
+
+
+def validate_config(cfg: Config) -> None:
+    """Check value ranges, choices and cross-field constraints of a config.
+
+    The mesh is not checked against the device count (the trainer knows the
+    devices).  Paths are checked unless ``AIS_JAX_SKIP_PATH_CHECK=1``.
+
+    Args:
+      cfg: the config to check, e.g. from `ais_jax.config.yaml_io.load_yaml`.
+
+    Raises:
+      UsageError: the first problem found, in one line with the fix.
+    """
+    _validate_choices(cfg)
+    _validate_model_task(cfg.model, cfg.task)
+    _validate_rollout_ais(cfg.rollout, cfg.ais)
+    _validate_train(cfg.train, cfg.rollout)
+    _validate_rest(cfg)
+    if cfg.model.kind == "llada":
+        check_diffusion(cfg)
+    from ais_jax.tasks import check_task_settings  # light: imports no jax
+
+    check_task_settings(cfg.task.name, dict(cfg.task.difficulty), cfg.sft.mistake_rate)

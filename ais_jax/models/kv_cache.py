@@ -1,0 +1,204 @@
+"""The KV cache of the `ais_jax.models.model` decoder: its buffers, writes, reads and resizing.
+
+A `KVCache` holds the keys and values of all layers (stacked on a leading ``L``
+axis, or one buffer per layer after `unstack_cache`), in the operand layouts of
+the attention matmuls, optionally as float8 `ais_jax.models.fp8.QuantArray`
+buffers with one scale per (layer, row, token).  The model's layer function
+calls `cache_update`; the prefill / decode steps (`ais_jax.models.decode`) build
+and grow the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ais_jax.models.fp8 import E4M3, QuantArray, dequantize, quantize
+from ais_jax.models.layout import ModelConfig
+
+# Stored layout of one layer's keys / values: a permutation of the logical
+# [B, S, K, H].  Keys [B, K, S, H] and values [B, K, H, S] are the operand
+# layouts of the two attention matmuls on XLA CPU, so reading a layer needs no
+# transposing copy (with [B, S, K, H] the copies made 1024-token decodes ~1.5x
+# slower per step).  The stacked cache adds a leading L axis.
+K_LAYOUT = (0, 2, 1, 3)
+V_LAYOUT = (0, 2, 3, 1)
+ALL_LAYERS = "all"  # `cache_write` layer argument: every layer of a stacked buffer
+
+
+class KVCache(NamedTuple):
+    """Keys and values of all layers for cached decoding (see `init_cache`, `extend`).
+
+    Attributes:
+      k: ``[L, B, K, S, H]`` keys (rotary already applied; `K_LAYOUT`), or a
+        `QuantArray` (float8 ``value`` of that shape, float32 ``scale``
+        ``[L, B, 1, S, 1]``: one scale per (layer, row, token)) for an FP8 cache.
+      v: ``[L, B, K, H, S]`` values (`V_LAYOUT`; FP8 ``scale`` ``[L, B, 1, 1, S]``).
+      valid: ``[B, S]`` bool, True where a slot holds a real (non-padding) token.
+      pos: ``[B]`` int32, rotary position of the next token of each row.
+      index: int32 scalar, the next cache slot to write (same for all rows).
+
+    `unstack_cache` gives the per-layer form: ``k`` / ``v`` as ``L``-tuples of
+    ``[B, K, S, H]`` / ``[B, K, H, S]`` buffers (what unrolled steps update).
+    """
+
+    k: Any
+    v: Any
+    valid: jax.Array
+    pos: jax.Array
+    index: jax.Array
+
+
+def _order(perm: tuple, stacked: bool) -> tuple:
+    """Transposition from logical ``[(L,) B, S, K, H]`` to the stored layout ``perm``."""
+    return (0, *(p + 1 for p in perm)) if stacked else perm
+
+
+def _slot_axis(perm: tuple, stacked: bool) -> int:
+    return perm.index(1) + int(stacked)
+
+
+def init_cache(
+    cfg: ModelConfig,
+    batch: int,
+    length: int,
+    dtype: Any = jnp.bfloat16,
+    *,
+    fp8: bool = False,
+) -> KVCache:
+    """An empty cache of ``length`` slots for ``batch`` rows.
+
+    Args:
+      cfg: model config.
+      batch: rows ``B``.
+      length: slots ``S`` (prompt plus generated tokens).
+      dtype: element type of a full-precision cache (ignored when ``fp8``).
+      fp8: store keys / values as float8 E4M3 with one float32 scale per
+        (layer, row, token), dequantized when attended to. Not part of the
+        paper's recipe (it keeps the KV cache in BF16); off by default.
+
+    Returns:
+      `KVCache` of zeros (keys ``[L, B, K, S, H]``, values ``[L, B, K, H, S]``),
+      no valid slot, positions and index 0.
+    """
+    L, logical = cfg.num_layers, (batch, length, cfg.num_kv_heads, cfg.head_dim)
+
+    def empty(perm: tuple) -> Any:
+        shape = (L, *(logical[p] for p in perm))
+        if fp8:
+            scale = (L, *((batch, length, 1, 1)[p] for p in perm))
+            return QuantArray(value=jnp.zeros(shape, E4M3), scale=jnp.ones(scale, jnp.float32))
+        return jnp.zeros(shape, dtype)
+
+    return KVCache(k=empty(K_LAYOUT), v=empty(V_LAYOUT),
+                   valid=jnp.zeros((batch, length), jnp.bool_),
+                   pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Array) -> Any:
+    """Write logical ``new`` into a stored buffer ``c`` at slot ``index``.
+
+    ``layer``: a layer index of the stacked buffer ``c`` (``new`` ``[B, T, K, H]``);
+    ``"all"``: every layer (``new`` ``[L, B, T, K, H]``); None: ``c`` is one
+    layer's buffer (``new`` ``[B, T, K, H]``).
+    """
+    stacked = layer is not None
+    if stacked and not isinstance(layer, str):
+        new = new[None]
+    start = [0] * new.ndim
+    start[_slot_axis(perm, stacked)] = index
+    if stacked and not isinstance(layer, str):
+        start[0] = layer
+    order = _order(perm, stacked)
+    if isinstance(c, QuantArray):  # one scale per (row, token)
+        q = quantize(new, dtype=c.value.dtype, axes=(-2, -1))  # scale [.., B, T, 1, 1]
+        return QuantArray(
+            value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start),
+            scale=jax.lax.dynamic_update_slice(c.scale, jnp.transpose(q.scale, order), start))
+    return jax.lax.dynamic_update_slice(c, jnp.transpose(new.astype(c.dtype), order), start)
+
+
+def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array:
+    """One layer of a stored buffer, viewed as logical ``[B, S, K, H]`` in ``dtype``.
+
+    ``layer``: a layer index of the stacked buffer ``c``; None: ``c`` is one layer.
+    The view's transposition folds into the attention matmuls (no copy).
+    """
+    if layer is not None:
+        c = jax.tree_util.tree_map(
+            lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c)
+    x = dequantize(c, dtype) if isinstance(c, QuantArray) else c.astype(dtype)
+    return jnp.transpose(x, tuple(perm.index(i) for i in range(4)))
+
+
+def cache_update(cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any,
+                  layer: Any = None) -> tuple:
+    """Write this step's ``k`` / ``v`` ``[B, T, K, H]``; return (new buffers, read views).
+
+    ``cache_kv``: the stacked ``(k, v)`` of a `KVCache` with ``layer`` a layer
+    index, or one layer's ``(k, v)`` buffers with ``layer=None``.
+    """
+    ck, cv = cache_kv
+    ck = cache_write(ck, k, K_LAYOUT, layer, index)
+    cv = cache_write(cv, v, V_LAYOUT, layer, index)
+    return (ck, cv), (cache_read(ck, K_LAYOUT, layer, dtype),
+                      cache_read(cv, V_LAYOUT, layer, dtype))
+
+
+def resize_cache(cache: KVCache, repeat: int, length: int) -> KVCache:
+    """Repeat each row ``repeat`` times (group sampling) and grow the slots to ``length``.
+
+    Args:
+      cache: a cache of ``B`` rows and ``S <= length`` slots.
+      repeat: copies of each row (row ``b`` becomes rows ``b*repeat .. b*repeat+repeat-1``).
+      length: slots of the result (new slots empty: invalid, FP8 scale 1).
+
+    Returns:
+      `KVCache` of ``B * repeat`` rows and ``length`` slots.
+    """
+    S = cache.valid.shape[1]
+
+    def fix(x: jax.Array, row_axis: int, slot_axis: int, fill: Any = 0) -> jax.Array:
+        if repeat > 1:
+            x = jnp.repeat(x, repeat, axis=row_axis)
+        pad = [(0, 0)] * x.ndim
+        pad[slot_axis] = (0, length - S)
+        return jnp.pad(x, pad, constant_values=fill)
+
+    def buf(c: Any, perm: tuple, stacked: bool = True) -> Any:
+        if isinstance(c, tuple):  # per-layer buffers (`unstack_cache`)
+            return tuple(buf(b, perm, False) for b in c)
+        row, slot = int(stacked), _slot_axis(perm, stacked)
+        if isinstance(c, QuantArray):
+            return QuantArray(value=fix(c.value, row, slot), scale=fix(c.scale, row, slot, 1.0))
+        return fix(c, row, slot)
+
+    pos = jnp.repeat(cache.pos, repeat, axis=0) if repeat > 1 else cache.pos
+    return KVCache(k=buf(cache.k, K_LAYOUT), v=buf(cache.v, V_LAYOUT),
+                   valid=fix(cache.valid, 0, 1, False), pos=pos, index=cache.index)
+
+
+def stack_buffers(bufs: Any) -> Any:
+    return jax.tree_util.tree_map(lambda *b: jnp.stack(b), *bufs)
+
+
+def unstack_buffer(buf: Any) -> tuple:
+    n = jax.tree_util.tree_leaves(buf)[0].shape[0]
+    return tuple(jax.tree_util.tree_map(lambda b, l=l: b[l], buf) for l in range(n))
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+    """``cache`` with ``k`` / ``v`` as ``L``-tuples of per-layer buffers (for unrolled steps).
+
+    An unrolled decode step writes and reads each layer's own buffer, without
+    slicing a stacked one (on CPU a slice is a copy of that layer's keys and
+    values at every step).  `extend` returns a cache in the form it is given.
+    Accepts an already-unstacked cache unchanged.
+    """
+    if isinstance(cache.k, tuple):
+        return cache
+    return cache._replace(k=unstack_buffer(cache.k), v=unstack_buffer(cache.v))
+
+

@@ -1,0 +1,193 @@
+"""LLaDA checkpoints (``config.json`` + safetensors) <-> `ais_jax.models.llada.model` params.
+
+The format is the public LLaDA one: OLMo-style config keys (``d_model``,
+``n_heads``, ``n_kv_heads``, ``n_layers``, ``mlp_hidden_size`` /
+``mlp_ratio``, ``vocab_size`` / ``embedding_size``, ``rope_theta``,
+``rms_norm_eps``, ``mask_token_id``, ``weight_tying``) and tensors named
+``model.transformer.wte.weight``, ``model.transformer.blocks.{i}.q_proj.weight``
+... ``model.transformer.ln_f.weight``, ``model.transformer.ff_out.weight``
+(untied head).  Only safetensors are read (never pickle).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
+import numpy as np
+
+from ais_jax.models.llada.model import LAYER_PARAMS, LLaDAConfig, hf_name, param_table
+
+# OLMo / LLaDA options this implementation supports, with the only accepted value.
+_FIXED = {"block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms",
+          "include_bias": False, "include_qkv_bias": False, "alibi": False, "rope": True,
+          "scale_logits": False, "attention_layer_norm": False, "block_group_size": 1}
+
+
+def _int(d: dict, key: str) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"LLaDA config: {key!r} must be an int, got {v!r}")
+    return v
+
+
+def config_from_dict(d: dict) -> LLaDAConfig:
+    """Parse a LLaDA ``config.json`` dict.
+
+    Args:
+      d: the decoded JSON.
+
+    Returns:
+      The config (``vocab_size`` = ``embedding_size`` or ``vocab_size``).
+
+    Raises:
+      ValueError: a missing / ill-typed key, an unsupported option (biases,
+        non-SiLU MLP, ALiBi, logit scaling ...) or an out-of-range
+        ``mask_token_id`` (one line).
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"LLaDA config must be a JSON object, got {type(d).__name__}")
+    for key, want in _FIXED.items():
+        if key in d and d[key] is not None and d[key] != want:
+            raise ValueError(f"LLaDA config: {key}={d[key]!r} is not supported (need {want!r})")
+    D, text_v = _int(d, "d_model"), _int(d, "vocab_size")
+    emb = d.get("embedding_size")
+    V = text_v if emb is None else _int(d, "embedding_size")
+    if text_v > V:
+        raise ValueError(f"LLaDA config: embedding_size {V} < vocab_size {text_v}")
+    if d.get("mlp_hidden_size") is not None:
+        F = _int(d, "mlp_hidden_size")
+    else:
+        F = _int(d, "mlp_ratio") * D
+    heads = _int(d, "n_heads")
+    kv = d.get("n_kv_heads")
+    kv = heads if kv is None else _int(d, "n_kv_heads")
+    if "mask_token_id" not in d:
+        raise ValueError("LLaDA config: missing 'mask_token_id' (126336 for LLaDA-8B)")
+    cfg_kwargs: dict[str, Any] = {}
+    for key in ("eos_token_id", "pad_token_id", "max_sequence_length"):
+        if isinstance(d.get(key), int) and not isinstance(d.get(key), bool):
+            cfg_kwargs[key] = d[key]
+    try:
+        return LLaDAConfig(
+            vocab_size=V, hidden_size=D, intermediate_size=F, num_layers=_int(d, "n_layers"),
+            num_heads=heads, num_kv_heads=kv, mask_token_id=_int(d, "mask_token_id"),
+            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            tie_embeddings=bool(d.get("weight_tying", False)),
+            text_vocab_size=text_v, **cfg_kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"LLaDA config: {e}") from None
+
+
+def config_to_dict(cfg: LLaDAConfig) -> dict:
+    """The LLaDA ``config.json`` dict of ``cfg`` (inverse of `config_from_dict`)."""
+    text_v = cfg.text_vocab_size
+    d: dict[str, Any] = {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada", **_FIXED,
+        "d_model": cfg.hidden_size, "n_heads": cfg.num_heads, "n_kv_heads": cfg.num_kv_heads,
+        "n_layers": cfg.num_layers, "mlp_hidden_size": cfg.intermediate_size,
+        "vocab_size": text_v, "embedding_size": cfg.vocab_size,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
+        "mask_token_id": cfg.mask_token_id, "weight_tying": cfg.tie_embeddings,
+        "max_sequence_length": cfg.max_sequence_length,
+    }
+    for key in ("eos_token_id", "pad_token_id"):
+        if getattr(cfg, key) is not None:
+            d[key] = getattr(cfg, key)
+    return d
+
+
+def is_llada_dir(path: str) -> bool:
+    """Whether ``path`` is a directory whose ``config.json`` is a LLaDA (OLMo-style) config."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and (d.get("model_type") == "llada" or "d_model" in d)
+
+
+def _open_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(path, name) for name in files]
+    found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not found:
+        raise ValueError(f"no *.safetensors file in {path}")
+    return found
+
+
+def load(path: str, dtype: Any = jnp.float32) -> tuple[dict, LLaDAConfig]:
+    """Load a LLaDA checkpoint directory.
+
+    Args:
+      path: directory with ``config.json`` and ``model.safetensors`` (or
+        shards with ``model.safetensors.index.json``).
+      dtype: parameter dtype.
+
+    Returns:
+      ``(params, cfg)``; params as `ais_jax.models.llada.model.init_params` lays them out.
+
+    Raises:
+      ValueError: bad config, or a tensor missing / of the wrong shape.
+    """
+    from safetensors import safe_open
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = config_from_dict(json.load(f))
+    tensors: dict[str, np.ndarray] = {}
+    for file in _open_files(path):
+        with safe_open(file, framework="numpy") as h:
+            for name in h.keys():  # noqa: SIM118  (a safe_open handle, not a dict)
+                if name.startswith("model.transformer."):
+                    tensors[name] = h.get_tensor(name)
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise ValueError(f"LLaDA checkpoint {path}: missing tensor {name}")
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise ValueError(f"LLaDA checkpoint {path}: {name} has shape {tuple(t.shape)}, "
+                             f"expected {shape}")
+        return t.astype(np.float32)
+
+    table = param_table(cfg)
+    layers = {}
+    for name, info in table.pop("layers").items():
+        shape = info.shape(cfg)[1:]  # type: ignore[arg-type]
+        stack = [get(hf_name(name, i), shape) for i in range(cfg.num_layers)]
+        layers[name] = jnp.asarray(np.stack(stack), dtype)
+    top = {name: jnp.asarray(get(info.hf, info.shape(cfg)), dtype)  # type: ignore[arg-type]
+           for name, info in table.items()}
+    return {"embed": top.pop("embed"), "layers": layers, **top}, cfg
+
+
+def save(path: str, params: dict, cfg: LLaDAConfig) -> None:
+    """Write ``config.json`` and ``model.safetensors`` in the LLaDA format.
+
+    Args:
+      path: output directory (created).
+      params: full-precision params (not the FP8 rollout copy).
+      cfg: model config.
+    """
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    out: dict[str, np.ndarray] = {}
+    for name in LAYER_PARAMS:
+        arr = np.asarray(params["layers"][name])
+        for i in range(cfg.num_layers):
+            out[hf_name(name, i)] = np.ascontiguousarray(arr[i])
+    for name, info in param_table(cfg).items():
+        if name != "layers":
+            out[info.hf] = np.ascontiguousarray(np.asarray(params[name]))
+    save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_to_dict(cfg), f, indent=2)

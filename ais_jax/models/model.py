@@ -1,0 +1,215 @@
+"""Llama / Qwen2 / Qwen3 decoder as pure functions of a params pytree.
+
+One layer function serves the full-sequence forward (log-probs, training) and
+the KV-cached prefill / decode steps of `ais_jax.models.decode` (sampling), for
+full-precision params and for the FP8 rollout copy from
+`ais_jax.models.fp8.to_rollout_params` alike.
+
+Params layout: layers stacked on a leading ``L`` axis, weights ``[out, in]``
+as in Hugging Face checkpoints; the parameter table `ais_jax.models.layout` declares
+every leaf (shape, sharding axes, checkpoint names, init, FP8 role).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ais_jax.models import layout
+from ais_jax.models.fp8 import QuantArray, linear, qdot
+from ais_jax.models.kv_cache import cache_update
+from ais_jax.models.layout import ARCHITECTURES, ModelConfig  # ModelConfig lives with its table
+
+__all__ = ["ARCHITECTURES", "ModelConfig", "forward", "init_params"]
+
+def init_params(key: jax.Array, cfg: ModelConfig, dtype: Any = jnp.float32) -> dict:
+    """Random params for training from scratch, as `ais_jax.models.layout` declares them.
+
+    Weights are normal(0, 0.02) (the residual projections ``wo`` / ``w_down``
+    0.02 / sqrt(2 L)), norms ones, biases zeros.  The random params draw keys
+    from ``jax.random.split(key, 16)`` in table order: the per-layer linears
+    first (wq wk wv wo w_gate w_up w_down), then ``embed``, then ``lm_head``.
+
+    Args:
+      key: PRNG key.
+      cfg: model config.
+      dtype: parameter dtype (float32 master weights, or bfloat16).
+
+    Returns:
+      Params pytree with the leaves of `ais_jax.models.layout.param_table(cfg)`
+      (``embed`` ``[V, D]``, ``layers/wq`` ``[L, Q*H, D]``, ...).
+    """
+    keys = iter(jax.random.split(key, 16))
+
+    def init(info: layout.ArrayInfo) -> jax.Array:
+        shape = info.shape(cfg)
+        if info.init == "ones":
+            return jnp.ones(shape, dtype)
+        if info.init == "zeros":
+            return jnp.zeros(shape, dtype)
+        return (info.std(cfg) * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    table = layout.param_table(cfg)
+    layers = {name: init(info) for name, info in table.pop("layers").items()}  # draw first
+    top = {name: init(info) for name, info in table.items()}
+    return {"embed": top.pop("embed"), "layers": layers, **top}
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, result in ``x.dtype`` (as Hugging Face Llama does)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (w.astype(jnp.float32) * xf.astype(x.dtype).astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """Rotary inverse frequencies ``[H/2]`` float32, with Llama-3 scaling if configured."""
+    H = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    if cfg.rope_scaling is not None:
+        factor, low, high, orig = cfg.rope_scaling
+        low_wavelen, high_wavelen = orig / low, orig / high
+        wavelen = 2 * math.pi / inv
+        smooth = (orig / wavelen - low) / (high - low)
+        scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = jnp.where(is_mid, mid, scaled)
+    return inv / cfg.rope_linear_factor
+
+
+def apply_rope(x: jax.Array, pos: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotate ``x`` ``[B, T, N, H]`` at integer positions ``pos`` ``[B, T]`` (half-split layout)."""
+    ang = pos.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]  # [B, T, 1, H]
+    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rot = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rot * sin
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention, softmax in float32.
+
+    q ``[B, T, Q, H]``, k / v ``[B, S, K, H]``, mask ``[B, T, S]`` bool -> ``[B, T, Q*H]``.
+    """
+    B, T, Qn, H = q.shape
+    Kn = k.shape[2]
+    q = q.reshape(B, T, Kn, Qn // Kn, H)  # [B, T, K, G, H]
+    s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    s = s / math.sqrt(H)
+    s = jnp.where(mask[:, None, None], s, -1e30)
+    p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
+    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None, *,
+           kv_update=None, rows=None):
+    """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
+
+    ``rows`` (``[B, T]`` bool, optional): the real tokens; only they set the
+    per-tensor activation scales of FP8 linears (`ais_jax.models.fp8.qdot`).
+
+    Without a cache ``k`` / ``v`` are this block's ``[B, T, K, H]``.  With
+    ``kv_update``, a function ``(k, v) -> ((k', v'), (keys, values))`` that
+    writes this block's ``k`` / ``v`` into a cache (`ais_jax.models.decode`), the block
+    attends to the returned ``[B, S, K, H]`` keys / values and returns
+    ``(k', v')``, the updated cache entries.  ``cache_kv`` (one layer's key
+    and value buffers in the layout of `ais_jax.models.kv_cache.KVCache`) with
+    ``index`` is that update at slot ``index``.
+    """
+    B, T, _ = x.shape
+    Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    q = linear(h, lp["wq"], lp.get("bq"), rows).reshape(B, T, Q, H)
+    k = linear(h, lp["wk"], lp.get("bk"), rows).reshape(B, T, K, H)
+    v = linear(h, lp["wv"], lp.get("bv"), rows).reshape(B, T, K, H)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    q = apply_rope(q, pos, inv_freq)
+    k = apply_rope(k, pos, inv_freq)
+    if kv_update is None and cache_kv is not None:
+
+        def kv_update(k, v):
+            return cache_update(cache_kv, k, v, index, q.dtype)
+    if kv_update is not None:  # write into the cache, attend over all of it
+        (k, v), (kx, vx) = kv_update(k, v)
+    else:
+        kx, vx = k, v
+    o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
+    x = x + linear(o, lp["wo"], lp.get("bo"), rows)
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    g = linear(h, lp["w_gate"], lp.get("b_gate"), rows)
+    u = linear(h, lp["w_up"], lp.get("b_up"), rows)
+    x = x + linear(jax.nn.silu(g) * u, lp["w_down"], lp.get("b_down"), rows)
+    return x, (k, v)
+
+
+def _embed(params: dict, tokens: jax.Array) -> jax.Array:
+    embed = params["embed"]
+    if isinstance(embed, QuantArray):
+        raise ValueError("the embedding must stay full precision; quantize lm_head instead")
+    return jnp.take(embed, tokens, axis=0)  # [B, T, D]
+
+
+def _logits(params: dict, x: jax.Array, cfg: ModelConfig, rows: jax.Array | None = None
+            ) -> jax.Array:
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    head = params.get("lm_head", params["embed"])
+    if isinstance(head, QuantArray):
+        return qdot(x, head, out_dtype=jnp.float32, valid=rows)  # [B, T, V]
+    return jax.lax.dot_general(
+        x, head.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+    )  # [B, T, V]
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """Rotary positions of left-padded rows: ``cumsum(mask) - 1`` clipped at 0, ``[B, T]`` int32."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(
+    params: dict,
+    tokens: jax.Array,
+    cfg: ModelConfig,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Full-sequence causal forward.
+
+    Args:
+      params: full-precision or FP8 rollout params.
+      tokens: ``[B, T]`` int token ids.
+      cfg: model config.
+      mask: optional ``[B, T]`` validity (1 = real token, 0 = padding, e.g. left
+        padding of prompts). Padding keys are not attended to and positions
+        count only real tokens. Default: all valid.
+
+    Returns:
+      Logits ``[B, T, V]`` float32.
+    """
+    B, T = tokens.shape
+    if mask is None:
+        mask = jnp.ones((B, T), jnp.bool_)
+    mask = mask.astype(jnp.bool_)
+    pos = positions_from_mask(mask)
+    causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
+    attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+    # A padding query (attends to nothing valid) would softmax over -1e30 only:
+    # let it see itself so its (unused) output stays finite.
+    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]
+    inv_freq = rope_inv_freq(cfg)
+    x = _embed(params, tokens)
+
+    def body(x, lp):
+        x, _ = _layer(x, lp, pos, attn_mask, inv_freq, cfg, rows=mask)
+        return x, None
+
+    x, _ = jax.lax.scan(body, x, params["layers"])
+    return _logits(params, x, cfg, mask)

@@ -1,0 +1,101 @@
+"""GRPO with FP8 rollouts and AIS: ``python -m ais_jax.train --config PATH [a.b=value ...]``.
+
+Parses the command line, loads the config and runs it (`ais_jax.run.loop.run`, also
+importable from here); maps user errors to one line on stderr and exit status 2,
+signals to 143 / 130.  Compiled programs go to a persistent compilation
+cache (``runtime.compile_cache``), so a rerun or resume starts in seconds;
+``--profile`` writes a JAX profiler trace of a few RL steps (`ais_jax.run.runtime`).
+
+Multi-host (TPU pod, GPU cluster): every host runs the same command with
+``--distributed`` (``jax.distributed.initialize()`` auto-detects the cluster),
+or sets ``AIS_JAX_COORDINATOR=host:port``, ``AIS_JAX_NUM_PROCESSES`` and
+``AIS_JAX_PROCESS_ID``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+
+from ais_jax.core.errors import UsageError
+from ais_jax.run import runguard
+from ais_jax.run.loop import RunResult, run
+
+__all__ = ["RunResult", "main", "run"]
+
+
+def _init_distributed(flag: bool) -> None:
+    import jax
+
+    coord = os.environ.get("AIS_JAX_COORDINATOR")
+    if coord:
+        if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or not flag:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coord,
+            num_processes=int(os.environ["AIS_JAX_NUM_PROCESSES"]),
+            process_id=int(os.environ["AIS_JAX_PROCESS_ID"]),
+        )
+    elif flag:
+        jax.distributed.initialize()
+
+
+_USER_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    ap = argparse.ArgumentParser(
+        prog="python -m ais_jax.train",
+        description="GRPO with FP8 rollouts and AIS. Overrides: a.b=value (e.g. train.steps=5).")
+    ap.add_argument("--config", help="YAML config file (default: configs/tiny_arithmetic.yaml)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.precision=bf16")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config")
+    ap.add_argument("--profile", action="store_true",
+                    help="write a JAX profiler trace of runtime.profile_steps RL steps (after the "
+                    "compiling one) to runtime.profile_dir, by default out_dir/profile")
+    ap.add_argument("--distributed", action="store_true",
+                    help="call jax.distributed.initialize() (multi-host)")
+    args = ap.parse_args(argv)
+
+    from ais_jax.config.load import format_config, load_config
+    from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+
+    try:
+        cfg = load_config(args.config or DEFAULT_CONFIG_PATH, args.overrides)
+        if args.profile:
+            from ais_jax.run.runtime import with_profile_flag
+
+            cfg = with_profile_flag(cfg)
+        if args.print_config:
+            print(format_config(cfg))
+            return 0
+        _init_distributed(args.distributed)
+        run(cfg)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _USER_OS_ERRORS:
+            raise
+        # A full disk, a quota or permissions: the user's to fix; written checkpoints are intact.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}; free space or fix the permissions of "
+              f"{cfg.out_dir if 'cfg' in locals() else 'out_dir'}, then rerun the same command "
+              "to resume from the latest checkpoint", file=sys.stderr)
+        return 2
+    except runguard.Interrupted as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return e.status
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume from the latest checkpoint",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Memory per device of a run, before it runs: ``python -m ais_jax.plan --config PATH [k=v]``.
+
+Compiles the rollout and update programs ahead of time on abstract shapes (no
+weights, no data) over ``--devices N`` simulated CPU devices (docs/spec.md
+section 7) and prints per device the compiled argument / output / temporary
+bytes, an analytic breakdown, and whether the run fits in ``--device-memory``.
+The model config is ``model.source``'s ``config.json``, else the preset of
+`ais_jax.models.hf_config.HF_PRESETS` named like the source's last path component
+(case-insensitive: ``/data/Qwen3-8B`` -> ``Qwen3-8B``).
+
+Peak = argument + output + temp - alias bytes (a donated, aliased buffer counts
+once); the rollout is judged with the resident optimizer state added.  The CPU
+backend widens bf16 / FP8 dot operands to float32, so it overstates an
+accelerator's temporaries (the text output measures it on one matmul).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ais_jax.config.load import load_config
+from ais_jax.config.schema import SKIP_PATH_CHECK_ENV, Config
+from ais_jax.core.errors import CheckpointError, UsageError
+from ais_jax.run.plan_report import (
+    MEMORY_KEYS,
+    analytic_bytes,
+    cpu_widening_probe,
+    format_plan,
+    parse_bytes,
+    with_shardings,
+)
+
+if TYPE_CHECKING:  # jax is imported only after the device count is set (see `main`)
+    import optax
+    from jax.sharding import Mesh
+
+    from ais_jax.models.model import ModelConfig
+
+DEFAULT_PROMPT_LEN = 256
+DEFAULT_DEVICE_MEMORY = "80GB"
+def load_plan_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
+    """`ais_jax.config.load.load_config` without the path checks (model and data need not exist).
+
+    Args:
+      path: YAML config file, or None for the dataclass defaults.
+      overrides: dotted ``a.b=value`` overrides, as ``python -m ais_jax.train`` takes them.
+
+    Returns:
+      The validated `Config`.
+
+    Raises:
+      UsageError: missing file, unknown key, bad value.
+    """
+    old = os.environ.get(SKIP_PATH_CHECK_ENV)
+    os.environ[SKIP_PATH_CHECK_ENV] = "1"
+    try:
+        return load_config(path, overrides)
+    finally:
+        if old is None:
+            del os.environ[SKIP_PATH_CHECK_ENV]
+        else:
+            os.environ[SKIP_PATH_CHECK_ENV] = old
+
+
+def configure_devices(n: int) -> None:
+    """Make JAX see ``n`` CPU devices: env vars before import, config before backend start.
+
+    Args:
+      n: number of simulated devices.
+
+    Raises:
+      UsageError: JAX is already running with another device count.
+    """
+    if n < 1:
+        raise UsageError(f"--devices must be >= 1, got {n}")
+    if "jax" not in sys.modules:
+        os.environ["JAX_NUM_CPU_DEVICES"] = str(n)
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        return
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", n)
+        jax.config.update("jax_platforms", "cpu")
+    elif jax.device_count() != n:
+        raise UsageError(f"jax is already initialized with {jax.device_count()} devices, not "
+                         f"--devices {n}; run the plan in a fresh process")
+
+
+def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
+    """The model config of ``cfg.model.source``, without reading any weights.
+
+    ``scratch``: the trainer's scratch model; a directory with a ``config.json``:
+    that file (and ``generation_config.json``'s EOS ids); otherwise the preset
+    of `ais_jax.models.hf_config.HF_PRESETS` named like the last path component
+    (case-insensitive, ``.gguf`` dropped; ``smollm2``: ``SmolLM2-135M``).
+
+    Args:
+      cfg: the run config.
+
+    Returns:
+      ``(ModelConfig, where it came from)``: ``"scratch"``, the config.json path
+      or ``"preset NAME"``.
+
+    Raises:
+      UsageError: no ``config.json`` and no preset of that name (names the presets).
+    """
+    from ais_jax.models.hf_config import HF_PRESETS, merge_generation_eos, model_config_from_hf
+
+    src = cfg.model.source
+    if src == "scratch":
+        from ais_jax.tasks import CharTokenizer
+        from ais_jax.training.build import scratch_model_config
+
+        m = cfg.model
+        return scratch_model_config(
+            CharTokenizer(), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+            num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim), "scratch"
+    path = os.path.join(src, "config.json")
+    if os.path.isfile(path):
+        model_cfg = model_config_from_hf(_read_json(path))
+        gen = os.path.join(src, "generation_config.json")
+        if os.path.isfile(gen):
+            model_cfg = merge_generation_eos(model_cfg, _read_json(gen), gen)
+        return model_cfg, path
+    name = "SmolLM2-135M" if src == "smollm2" else os.path.basename(src.rstrip("/\\"))
+    preset = {k.lower(): k for k in HF_PRESETS}.get(name.removesuffix(".gguf").lower())
+    if preset is None:
+        raise UsageError(f"model.source {src!r} has no config.json and matches no preset "
+                         f"({', '.join(HF_PRESETS)}); point it at an HF directory")
+    return model_config_from_hf(HF_PRESETS[preset]), f"preset {preset}"
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} cannot be read as JSON ({e})") from None
+
+
+def _check_batch(cfg: Config, batch_shards: int) -> None:
+    """Prompts by the batch shards, minibatches and micro-batches by rows; else UsageError."""
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % batch_shards:
+        raise UsageError(f"rollout.prompts_per_step={r.prompts_per_step} must be a multiple of "
+                         f"mesh.data * mesh.fsdp = {batch_shards}")
+    B = r.prompts_per_step * r.group_size
+    if B % t.minibatches:
+        raise UsageError(f"train.minibatches={t.minibatches} must divide rollout.prompts_per_step"
+                         f" * rollout.group_size = {B}")
+    micro = getattr(t, "micro_batch_size", 0) or 0
+    if micro and (B // t.minibatches) % micro:
+        raise UsageError(f"train.micro_batch_size={micro} must divide the {B // t.minibatches} "
+                         f"rows of a minibatch ({B} rows / train.minibatches={t.minibatches})")
+
+
+def abstract_state(cfg: Config, model_cfg: ModelConfig, mesh: Mesh,
+                   optimizer: optax.GradientTransformation) -> Any:
+    """The train state as sharded ShapeDtypeStructs: no weights, nothing allocated.
+
+    Args:
+      cfg: the run config (``model.param_dtype``).
+      model_cfg: the model config; the params follow `ais_jax.models.layout.param_table`.
+      mesh: the trainer mesh (`ais_jax.training.sharding` rules give the shardings).
+      optimizer: the optax optimizer; its state is ``jax.eval_shape(optimizer.init)``.
+
+    Returns:
+      The `TrainState` that `ais_jax.training.steps` uses, of ShapeDtypeStructs.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from ais_jax.models import layout
+    from ais_jax.training import sharding as shd
+    from ais_jax.training.steps import DTYPES, TrainState
+
+    dtype = DTYPES[cfg.model.param_dtype]
+    shapes = jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape(model_cfg), dtype),
+                          layout.param_table(model_cfg),
+                          is_leaf=lambda x: isinstance(x, layout.ArrayInfo))
+    psh = shd.param_shardings(shapes, mesh)
+    params = with_shardings(shapes, psh)
+    opt = jax.eval_shape(optimizer.init, params)
+    opt = with_shardings(opt, shd.opt_state_shardings(opt, psh, mesh))
+    count = jax.ShapeDtypeStruct((), jnp.int32, sharding=shd.replicated(mesh))
+    return TrainState(params, opt, count, count)
+
+
+def _memory(compiled: Any, seconds: float) -> dict[str, float]:
+    m = compiled.memory_analysis()
+    out = {k: int(getattr(m, k.replace("_bytes", "_size_in_bytes"))) for k in MEMORY_KEYS[:4]}
+    out["peak_bytes"] = sum(out[k] for k in MEMORY_KEYS[:3]) - out["alias_bytes"]
+    return {**out, "compile_s": round(seconds, 2)}
+
+
+def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: Any,
+                      optimizer: optax.GradientTransformation,
+                      prompt_len: int) -> dict[str, dict[str, float]]:
+    """``{"update", "rollout"}``: per-device ``memory_analysis()`` bytes and compile seconds."""
+    import jax
+    import jax.numpy as jnp
+
+    from ais_jax.training import steps
+
+    r = cfg.rollout
+    Pn, B, P, N = r.prompts_per_step, r.prompts_per_step * r.group_size, prompt_len, \
+        r.max_new_tokens
+    eos = tuple(model_cfg.eos_token_ids) or ((model_cfg.eos_token_id,)
+                                             if model_cfg.eos_token_id is not None else ())
+    pad = model_cfg.pad_token_id if model_cfg.pad_token_id is not None else (eos[0] if eos else 0)
+    fns = steps.build_step_fns(state, mesh, optimizer, None, model_cfg, cfg,
+                               steps.TokenIds(eos, pad))
+    sds = jax.ShapeDtypeStruct
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    batch = steps.RolloutBatch(sds((B, P), jnp.int32), sds((B, P), jnp.bool_),
+                               sds((B, N), jnp.int32), sds((B, N), jnp.float32),
+                               sds((B, N), jnp.float32))
+    ref = state.params if cfg.train.beta_kl > 0 else None
+    out = {}
+    t0 = time.perf_counter()
+    # The run's update program: logp_old comes from the score program (a forward of the
+    # same rows, smaller than the update) unless the update takes it from its own forward.
+    logp_old = sds((B, N), jnp.float32) if fns.score_for_update else None
+    upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref,
+                           logp_old).compile()
+    out["update"] = _memory(upd, time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    roll = fns.rollout.lower(state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_),
+                             key).compile()
+    out["rollout"] = _memory(roll, time.perf_counter() - t0)
+    return out
+
+
+def make_plan(cfg: Config, devices: int, device_memory: int,
+              prompt_len: int = DEFAULT_PROMPT_LEN) -> dict[str, Any]:
+    """The plan of ``cfg`` on ``devices`` devices (JAX must already see them).
+
+    ``fits``: the update's peak and the rollout's peak plus the optimizer state
+    (resident while the rollout runs; plus the KL reference params if
+    ``train.beta_kl > 0``) are both at most ``device_memory``.
+
+    Args:
+      cfg: the run config.
+      devices: the device count (recorded; see `configure_devices`).
+      device_memory: bytes of one device.
+      prompt_len: the prompt bucket ``P``.
+
+    Returns:
+      The JSON object `main` prints: ``update`` / ``rollout`` memory (bytes per
+      device), ``devices``, ``fits``, ``device_memory_bytes``, ``model``,
+      ``mesh``, ``shapes``, ``analytic``, ``rollout_resident_peak_bytes``.
+
+    Raises:
+      UsageError: unknown model source, too few devices, indivisible batch.
+    """
+    import jax
+
+    from ais_jax.training import build
+    from ais_jax.training import sharding as shd
+
+    if prompt_len < 1:
+        raise UsageError(f"--prompt-len must be >= 1, got {prompt_len}")
+    if build.model_kind(cfg) == "llada":
+        raise UsageError("the memory plan models the autoregressive update only, not a LLaDA "
+                         "policy (model.kind=llada); see docs/llada.md, 'Not built yet'")
+    model_cfg, origin = resolve_model_config(cfg)
+    mesh = build.build_mesh(cfg)
+    _check_batch(cfg, shd.batch_divisor(mesh))
+    optimizer, _ = build.build_optimizers(cfg)
+    state = abstract_state(cfg, model_cfg, mesh, optimizer)
+    programs = _compile_programs(cfg, model_cfg, mesh, state, optimizer, prompt_len)
+    analytic = analytic_bytes(cfg, model_cfg, mesh, state, prompt_len)
+    # The optimizer state (and the KL reference) stay on the device during the rollout.
+    resident = analytic["opt_state_bytes"]
+    if cfg.train.beta_kl > 0:
+        resident += analytic["params_bytes"]
+    roll_peak = programs["rollout"]["peak_bytes"] + resident
+    r = cfg.rollout
+    plan: dict[str, Any] = {
+        **programs, "devices": devices,
+        "fits": max(programs["update"]["peak_bytes"], roll_peak) <= device_memory,
+        "device_memory_bytes": device_memory, "rollout_resident_peak_bytes": roll_peak,
+        "backend": jax.default_backend(),
+        "model": {"source": cfg.model.source, "from": origin, "params": model_cfg.num_params,
+                  "layers": model_cfg.num_layers, "hidden": model_cfg.hidden_size,
+                  "vocab": model_cfg.vocab_size, "param_dtype": cfg.model.param_dtype},
+        "mesh": {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor},
+        "shapes": {"prompts": r.prompts_per_step, "group": r.group_size,
+                   "rows": r.prompts_per_step * r.group_size, "prompt_len": prompt_len,
+                   "new_tokens": r.max_new_tokens, "minibatches": cfg.train.minibatches},
+        "analytic": analytic,
+    }
+    if plan["backend"] == "cpu":
+        plan["cpu_widening"] = cpu_widening_probe(
+            prompt_len + r.max_new_tokens, model_cfg.hidden_size, model_cfg.intermediate_size)
+    return plan
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2 (not argparse's usage block)
+        raise UsageError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 and one ``error:`` line on bad input).
+
+    Args:
+      argv: the arguments (default ``sys.argv[1:]``).
+    """
+    ap = _Parser(prog="python -m ais_jax.plan",
+                 description="Per-device memory of a run's compiled programs, without weights.")
+    ap.add_argument("--config", help="YAML config (default: configs/tiny_arithmetic.yaml)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mesh.fsdp=8")
+    ap.add_argument("--devices", type=int, help="simulated devices (default: the mesh product)")
+    ap.add_argument("--device-memory", default=DEFAULT_DEVICE_MEMORY,
+                    help="memory of one device, e.g. 80GB, 16GiB (default 80GB)")
+    ap.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT_LEN,
+                    help=f"prompt bucket P (default {DEFAULT_PROMPT_LEN})")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    try:
+        args = ap.parse_intermixed_args(argv)
+        from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+
+        memory = parse_bytes(args.device_memory)
+        cfg = load_plan_config(args.config or DEFAULT_CONFIG_PATH, args.overrides)
+        devices = (args.devices if args.devices is not None
+                   else cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor)
+        configure_devices(devices)
+        plan = make_plan(cfg, devices, memory, args.prompt_len)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan) if args.json else format_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The arithmetic and the report of `ais_jax.run.plan`: byte sizes, the analytic breakdown, the
+table.
+
+`analytic_bytes` estimates per-device memory from the shapes (next to the
+compiled numbers); `cpu_widening_probe` measures how much the CPU backend
+overstates temporaries; `format_plan` renders a plan as text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from ais_jax.config.schema import Config
+from ais_jax.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from ais_jax.models.model import ModelConfig
+
+GB = 1e9
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MEMORY_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")
+
+
+
+def parse_bytes(text: str) -> int:
+    """A memory size in bytes: ``"80GB"`` -> 80e9, ``"16GiB"`` -> 16 * 2**30, ``"1000"`` -> 1000.
+
+    Args:
+      text: a positive number with an optional unit (B, KB, MB, GB, TB: powers of
+        1000; KiB, MiB, GiB, TiB: powers of 1024; case-insensitive).
+
+    Returns:
+      The size in bytes.
+
+    Raises:
+      UsageError: not a positive number with an optional B / KB / MB / GB / TB /
+        KiB / MiB / GiB / TiB unit.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise UsageError(f"--device-memory {text!r} is not a size; write e.g. 80GB, 16GiB or "
+                         "a number of bytes")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+    import jax
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shape) * x.dtype.itemsize
+    return total
+
+
+def with_shardings(tree: Any, shardings: Any) -> Any:
+    """``tree`` of arrays / ShapeDtypeStructs as ShapeDtypeStructs laid out with ``shardings``."""
+    import jax
+
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def analytic_bytes(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: Any,
+                    prompt_len: int) -> dict[str, Any]:
+    """Per-device estimates, next to the compiled numbers (formulas in the comments).
+
+    Params, moments and the FP8 copy are exact shard sizes under the sharding rules
+    (about total / (fsdp * tensor): a dim the mesh axis does not divide stays
+    replicated); the rest use ``T = P + N - 1`` and rows over ``data * fsdp`` shards.
+    """
+    import jax
+
+    from ais_jax.training import sharding as shd
+    from ais_jax.training import steps
+
+    r, c, t = cfg.rollout, model_cfg, cfg.train
+    shards = shd.batch_divisor(mesh)
+    B, P, N = r.prompts_per_step * r.group_size, prompt_len, r.max_new_tokens
+    T, D, F, L, V = P + N - 1, c.hidden_size, c.intermediate_size, c.num_layers, c.vocab_size
+    Q, QH, KH = c.num_heads, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    rp = jax.eval_shape(lambda p: steps.rollout_params(p, r), state.params)
+    rp = with_shardings(rp, shd.param_shardings(rp, mesh, rollout=True))
+    rows = getattr(t, "micro_batch_size", 0) or B // t.minibatches  # rows of one gradient
+    rows_dev = math.ceil(rows / shards)
+    remat = steps.remat_policy(cfg)
+    chunk = getattr(t, "logprob_chunk", 0)
+    chunk = N if chunk <= 0 or chunk > N else chunk
+    # Kept for the backward per layer and row, bf16 (2 bytes): without remat the residual
+    # inputs and norm outputs (4 D), q and attention output (2 QH), k and v (2 KH), gate, up
+    # and silu*up (3 F), plus the float32 attention scores and probabilities (8 Q T^2);
+    # "dots" the seven projection outputs (QH + 2 KH + 2 D + 2 F); "full" the layer input (D).
+    saved = {"none": 2 * T * (4 * D + 2 * QH + 2 * KH + 3 * F) + 8 * Q * T * T,
+             "dots": 2 * T * (QH + 2 * KH + 2 * D + 2 * F), "full": 2 * T * D}
+    # with remat, one layer is recomputed at a time and its full working set is live again
+    working = saved["none"] if remat != "none" else 0
+    kv_bytes = 1 if r.kv_cache_fp8 else 2  # FP8 cache: + a float32 scale per (row, token)
+    return {
+        "params_bytes": device_bytes(state.params),  # master dtype
+        "opt_state_bytes": device_bytes(state.opt_state),  # Adam: mu and nu, param dtype
+        "rollout_copy_bytes": device_bytes(rp),  # 1 byte per FP8 weight + scales, rest bf16
+        # L x {k, v} x B x (P + N) slots x K x H x bytes, rows over the batch shards
+        "kv_cache_bytes": L * 2 * math.ceil(B / shards) * (P + N)
+        * (KH * kv_bytes + 4 * r.kv_cache_fp8),
+        # prefill logits [prompts, P, V] float32 (every prompt position, not just the last)
+        "prefill_logits_bytes": math.ceil(r.prompts_per_step / shards) * P * V * 4,
+        "remat": remat, "gradient_rows_per_device": rows_dev, "logprob_chunk": chunk,
+        "activation_bytes_per_layer_row": saved.get(remat, saved["none"]),
+        "update_activation_bytes": rows_dev * (L * saved.get(remat, saved["none"]) + working),
+        # float32 logits of one head chunk: rows x chunk x V x 4, per gradient (logp_old and
+        # logp_ref are scored the same number of rows at a time)
+        "logprob_chunk_bytes": rows_dev * chunk * V * 4,
+    }
+
+
+def cpu_widening_probe(rows: int, d: int, f: int) -> dict[str, int]:
+    """Temporaries of one bf16 ``[rows, d] @ [d, f]`` matmul (0 on an accelerator)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.ShapeDtypeStruct((rows, d), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((d, f), jnp.bfloat16)
+    m = jax.jit(jnp.matmul).lower(a, b).compile().memory_analysis()
+    return {"shape": [rows, d, f], "operand_bytes": 2 * (rows * d + d * f),
+            "temp_bytes": int(m.temp_size_in_bytes)}
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The human-readable table of a `make_plan` result (GB = 1e9 bytes, per device).
+
+    Args:
+      plan: what `make_plan` returns.
+
+    Returns:
+      The text, without a trailing newline.
+    """
+    g = lambda b: f"{b / GB:10.3f}"  # noqa: E731
+    m, s, a, mesh = plan["model"], plan["shapes"], plan["analytic"], plan["mesh"]
+    lines = [
+        f"model {m['source']} ({m['from']}): {m['params'] / 1e9:.3f}B params, "
+        f"{m['param_dtype']} master; mesh data={mesh['data']} fsdp={mesh['fsdp']} "
+        f"tensor={mesh['tensor']} on {plan['devices']} {plan['backend']} devices",
+        f"batch: {s['prompts']} prompts x {s['group']} = {s['rows']} rows, prompt "
+        f"{s['prompt_len']} + {s['new_tokens']} new tokens, {s['minibatches']} minibatches",
+        "", f"{'GB per device':<22}" + "".join(f"{k[:-6]:>10}" for k in MEMORY_KEYS)
+        + f"{'compile s':>11}"]
+    for name in ("update", "rollout"):
+        p = plan[name]
+        lines.append(f"{name:<22}" + "".join(g(p[k]) for k in MEMORY_KEYS)
+                     + f"{p['compile_s']:11.1f}")
+    lines += [f"{'rollout + resident optimizer state':<62}"
+              f"{g(plan['rollout_resident_peak_bytes'])}",
+              "(peak = argument + output + temp - alias)", "", "analytic, GB per device:"]
+    rows = [
+        ("params_bytes", f"params ({m['param_dtype']}; ~ total / (fsdp x tensor))"),
+        ("opt_state_bytes", "optimizer state (Adam mu + nu, param dtype)"),
+        ("rollout_copy_bytes", "FP8 rollout copy (1 byte per FP8 weight, rest bf16)"),
+        ("kv_cache_bytes", "rollout KV cache L x 2 x B x (P+N) x K x H x 2 / shards"),
+        ("prefill_logits_bytes", "rollout prefill logits [prompts, P, V] f32 / shards"),
+        ("update_activation_bytes", f"update activations, remat={a['remat']}, "
+                                    f"{a['gradient_rows_per_device']} rows"),
+        ("logprob_chunk_bytes", f"log-prob logits chunk [rows, {a['logprob_chunk']}, V] f32"),
+    ]
+    lines += [f"  {label:<60}{g(a[key])}" for key, label in rows]
+    lines.append(f"  (per layer per row kept for the backward: "
+                 f"{a['activation_bytes_per_layer_row'] / 1e6:.2f} MB; no remat "
+                 "2T(4D + 2QH + 2KH + 3F) + 8QT^2, dots 2T(QH + 2KH + 2D + 2F), full 2TD)")
+    worst = max(plan["update"]["peak_bytes"], plan["rollout_resident_peak_bytes"])
+    lines += ["", f"verdict: {'fits' if plan['fits'] else 'does not fit'} in "
+                  f"{plan['device_memory_bytes'] / GB:.1f} GB (largest peak {worst / GB:.2f} GB)"]
+    if "cpu_widening" in plan:
+        w = plan["cpu_widening"]
+        lines.append(
+            "note: the CPU backend widens bf16 / FP8 dot operands to float32, so temporaries "
+            f"are overstated: one bf16 [{w['shape'][0]}x{w['shape'][1]}] @ "
+            f"[{w['shape'][1]}x{w['shape'][2]}] matmul takes {w['temp_bytes'] / 1e6:.1f} MB of "
+            f"temporaries for {w['operand_bytes'] / 1e6:.1f} MB of operands (an accelerator: 0)")
+    return "\n".join(lines)

@@ -1,0 +1,391 @@
+"""What keeps a run directory consistent through crashes, signals and reruns (`ais_jax.run.cli`).
+
+* `RunLock`: one run per ``out_dir``.  The lock file ``out_dir/run.lock``
+  holds ``{"pid", "host", "since", "start"}``; it is published complete with
+  ``os.link`` of a private temporary file (atomic, fails if the lock exists,
+  works on NFS, unlike ``flock``), so a reader never sees a half-written lock.
+  A lock whose process is gone (same host, and the pid is dead or belongs to a
+  process started at another time) is stale and is taken over with a warning;
+  a lock of another host is never taken over (its pid cannot be checked).
+* The resolved config travels with every checkpoint; `check_resume_config`
+  refuses a resume whose config differs in anything but `RESUMABLE` keys.
+* `restore_latest`: the newest checkpoint that restores; unrestorable newer
+  steps are reported in one line and moved aside (never deleted).
+* `append_record` / `truncate_metrics`: ``metrics.jsonl`` holds whole lines
+  only (flush + fsync per line; a resume rewrites it atomically).
+* `StopFlag`: SIGTERM / SIGINT during the GRPO loop finish the current step;
+  `Interrupted` carries the exit status ``128 + signum``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fnmatch
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ais_jax.core.errors import CheckpointError, UsageError
+
+LOCK_NAME = "run.lock"
+# Config keys that may differ between a checkpoint and the run resuming it: they
+# change neither the state nor the trajectory of the steps already taken.
+RESUMABLE = ("train.steps", "out_dir", "log.*", "runtime.*", "eval.every",
+             "checkpoint.every", "checkpoint.keep", "mesh.*")
+UNRESTORABLE_DIR = "checkpoints.unrestorable"
+
+
+def warn(message: str) -> None:
+    """Print one ``warning: ...`` line on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (Linux ``/proc``; None elsewhere or if unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _proc_start(pid)
+    return start is None or now is None or now == start  # else the pid was reused
+
+
+class RunLock:
+    """The exclusive lock of a run directory; use as a context manager."""
+
+    def __init__(self, out_dir: str) -> None:
+        """Args:
+        out_dir: the (existing) run directory.
+        """
+        self.path = os.path.join(out_dir, LOCK_NAME)
+        self.info = {"pid": os.getpid(), "host": socket.gethostname(),
+                     "since": datetime.datetime.now().isoformat(timespec="seconds"),
+                     "start": _proc_start(os.getpid())}
+        self.held = False
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+
+    def _publish(self) -> bool:
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.info, f)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def acquire(self) -> None:
+        """Take the lock, or take over a stale one with a warning.
+
+        Raises:
+          UsageError: another live run (or one on another host) holds it.
+        """
+        for _ in range(5):
+            if self._publish():
+                self.held = True
+                return
+            holder = self._read()
+            if holder is None:
+                continue  # released meanwhile
+            who = f"{holder.get('pid', '?')}@{holder.get('host', '?')}"
+            same_host = holder.get("host") == self.info["host"]
+            pid = holder.get("pid")
+            if not (same_host and isinstance(pid, int) and not _alive(pid, holder.get("start"))):
+                raise UsageError(
+                    f"{os.path.dirname(self.path)} is in use by run {who} since "
+                    f"{holder.get('since', '?')} (lock {self.path}); wait for it, use another "
+                    "out_dir, or delete the lock file if that run is gone")
+            stale = f"{self.path}.stale.{os.getpid()}"
+            try:
+                os.rename(self.path, stale)
+            except FileNotFoundError:
+                continue  # another run took it over first
+            with open(stale) as f:
+                moved = f.read()
+            if json.loads(moved or "{}").get("pid") != pid:  # not the stale lock: put it back
+                with contextlib.suppress(FileExistsError):
+                    os.link(stale, self.path)
+                os.unlink(stale)
+                continue
+            os.unlink(stale)
+            warn(f"took over the stale lock of run {who} (since {holder.get('since', '?')}; "
+                 "that process is gone)")
+        raise UsageError(f"cannot take the lock {self.path}; retry, or use another out_dir")
+
+    def release(self) -> None:
+        """Remove the lock file if this process holds it."""
+        if self.held and (self._read() or {}).get("pid") == self.info["pid"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        self.held = False
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def flat_config(cfg: Any) -> dict[str, Any]:
+    """The config as ``{"a.b": value}`` of JSON values (what checkpoints store)."""
+    from ais_jax.config.yaml_io import config_to_dict
+
+    out: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict) and v and prefix + k != "task.difficulty":
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[prefix + k] = v
+
+    walk(config_to_dict(cfg), "")
+    return json.loads(json.dumps(out, default=str))
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every key that differs and is not `RESUMABLE`, sorted."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if any(fnmatch.fnmatchcase(key, pat) for pat in RESUMABLE):
+            continue
+        if old.get(key, "<unset>") != new.get(key, "<unset>"):
+            out.append((key, old.get(key, "<unset>"), new.get(key, "<unset>")))
+    return out
+
+
+def check_resume_config(meta: dict[str, Any], cfg: Any, step: int, out_dir: str) -> None:
+    """Refuse to resume checkpoint ``step`` under a config that changes its run.
+
+    Args:
+      meta: the checkpoint's metadata (its ``config``, when stored).
+      cfg: the config of this run.
+      step: the checkpoint step (for the messages).
+      out_dir: the run directory (for the messages).
+
+    Raises:
+      UsageError: a key outside `RESUMABLE` differs (one line, up to 4 keys).
+    """
+    old = meta.get("config")
+    if not isinstance(old, dict):
+        warn(f"checkpoint step {step} in {out_dir} stores no config (an older run); "
+             "resuming without checking that the config is unchanged")
+        return
+    changes = config_changes(old, flat_config(cfg))
+    if changes:
+        shown = ", ".join(f"{k} {a!r}->{b!r}" for k, a, b in changes[:4])
+        more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
+        raise UsageError(
+            f"cannot resume {out_dir} from step {step}: the config differs from the "
+            f"checkpoint's: {shown}{more}; only {', '.join(RESUMABLE)} may change on resume; "
+            "use the old values or a new out_dir")
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def latest_readable_meta(ckpt: Any, manager: Any) -> tuple[int | None, dict[str, Any]]:
+    """The newest step whose metadata reads, with its metadata (``(None, {})`` if none)."""
+    for step in reversed(ckpt.all_steps(manager)):
+        try:
+            return step, ckpt.read_metadata(manager, step)
+        except CheckpointError:
+            continue
+    return None, {}
+
+
+def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: bool
+                   ) -> tuple[int, Any, dict[str, Any]]:
+    """Restore the newest checkpoint that restores into ``target``.
+
+    Newer steps that fail are reported in one line and, once an older step
+    has restored, moved (by the main process) to
+    ``out_dir/checkpoints.unrestorable/<step>`` so that the run can write those
+    steps again; nothing is deleted.
+
+    Returns:
+      ``(step, restored state, metadata)``.
+
+    Raises:
+      CheckpointError: no step restores (names ``out_dir``; suggests a new one).
+    """
+    steps = ckpt.all_steps(manager)
+    failed: list[str] = []
+    for step in reversed(steps):
+        try:
+            meta = ckpt.read_metadata(manager, step)
+            state = ckpt.restore(manager, step, target)
+        except CheckpointError as e:
+            failed.append(f"step {step}: {_reason(e)}")
+            continue
+        bad = [s for s in steps if s > step]
+        if bad:
+            dest = os.path.join(out_dir, UNRESTORABLE_DIR)
+            if is_main:
+                os.makedirs(dest, exist_ok=True)
+                for s in bad:
+                    os.rename(os.path.join(os.fspath(manager.directory), str(s)),
+                              os.path.join(dest, str(s)))
+                manager.reload()
+            warn(f"checkpoint {'; '.join(failed)}; resuming from step {step} instead "
+                 f"(moved the unrestorable step(s) {bad} to {dest}, not deleted)")
+        return step, state, meta
+    raise CheckpointError(
+        f"no checkpoint in {out_dir} can be restored ({'; '.join(failed[:2])}); the files are "
+        "left in place; start over with a new out_dir")
+
+
+def _reason(e: Exception) -> str:
+    """A CheckpointError's line without its advice (it may suggest deleting the checkpoints)."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return msg.split("; use a new out_dir", 1)[0]
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl
+
+
+def append_record(path: str, record: dict[str, Any]) -> None:
+    """Append one JSON line and make it durable (flush + fsync) before returning."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def truncate_metrics(path: str, upto: int, rewrite: bool = True) -> list[dict[str, Any]]:
+    """Keep the complete records of steps ``<= upto``; drop torn lines and later steps.
+
+    Args:
+      path: the ``metrics.jsonl`` file (need not exist).
+      upto: the last step kept (the restored checkpoint's; 0 keeps nothing).
+      rewrite: rewrite the file to the kept records, atomically (temporary file,
+        fsync, rename); False only reads (processes other than the main one).
+
+    Returns:
+      The kept records, in order.
+    """
+    kept: list[dict[str, Any]] = []
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break  # a torn last line
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int) \
+                        and rec["step"] <= upto and (not kept or rec["step"] > kept[-1]["step"]):
+                    kept.append(rec)
+    if not rewrite:
+        return kept
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(rec) + "\n" for rec in kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return kept
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+class Interrupted(Exception):  # noqa: N818 - it is not an error
+    """The run stopped on a signal after saving a checkpoint; ``status`` is 128 + signum."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        """Args:
+        signum: the signal received.
+        message: the one line to print.
+        """
+        super().__init__(message)
+        self.signum = signum
+        self.status = 128 + signum
+
+
+class StopFlag:
+    """Handlers for SIGTERM and SIGINT that only record the signal (main thread only).
+
+    A second signal of the same kind stops at once (KeyboardInterrupt for
+    SIGINT, exit status 143 for SIGTERM).
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        """No handler is installed until the context is entered."""
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum == signum:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.signum = signum
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        """Install the handlers for the ``with`` block; the previous ones come back after."""
+        try:
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        except ValueError:  # not the main thread: keep the default behaviour
+            pass
+        try:
+            yield self
+        finally:
+            for s, old in self._old.items():
+                signal.signal(s, old)
+            self._old.clear()
+
+    def agreed(self) -> int | None:
+        """The received signal or None; with several processes, the largest any received.
+
+        Every process must call it at the same point (a collective when
+        ``jax.process_count() > 1``), so that all of them stop after the same step.
+        """
+        signum = self.signum or 0
+        import jax
+
+        if jax.process_count() > 1:
+            import numpy as np
+            from jax.experimental import multihost_utils
+
+            signum = int(np.max(multihost_utils.process_allgather(np.int32(signum))))
+        return signum or None

@@ -1,0 +1,312 @@
+"""Everything a run needs, built from its config: task, mesh, model, tokenizer, optimizers.
+
+`build_run(cfg)` returns a `Run`; `ais_jax.run.cli` (the CLI loop),
+`ais_jax.training.warmstart`, `ais_jax.training.evaluation` and `ais_jax.training.rl` take it from
+there.
+Bad input found here raises `ais_jax.core.errors.UsageError` (one line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from ais_jax.config.schema import Config
+from ais_jax.core.errors import UsageError
+from ais_jax.models.model import ModelConfig, init_params
+from ais_jax.rollout.codec import PromptCodec
+from ais_jax.rollout.sampler import bucket_length
+from ais_jax.training import optim
+from ais_jax.training import sharding as shd
+from ais_jax.training import steps as st
+
+
+@dataclasses.dataclass
+class Run:
+    """A run's built pieces (no mutable training state: that is the `optim.TrainState`)."""
+
+    cfg: Config
+    task: Any  # ais_jax.tasks.Task
+    mesh: Mesh
+    model_cfg: ModelConfig
+    codec: PromptCodec
+    optimizer: optax.GradientTransformation
+    sft_optimizer: optax.GradientTransformation | None
+    fns: st.StepFns
+    state: optim.TrainState  # the initial state, laid out with fns.state_shardings
+    eval_problems: list[Any]
+    prompt_bucket: int  # P: prompt length every batch is left-padded to
+    rewards: tuple[Any, ...] = ()  # ais_jax.tasks.user_rewards.UserReward: reward functions
+
+    @property
+    def is_llada(self) -> bool:
+        """Whether the policy is a LLaDA masked-diffusion model (`ais_jax.models.llada`)."""
+        from ais_jax.models.llada.model import LLaDAConfig
+
+        return isinstance(self.model_cfg, LLaDAConfig)
+
+    def train_problems(self, stream: int, step: int, n: int) -> list[Any]:
+        """``n`` training problems of ``stream`` (0: RL, 1: warm start) at ``step``; seeded."""
+        return problems_at(self.cfg, self.task, stream, step, n)
+
+
+def problems_at(cfg: Config, task: Any, stream: int, step: int, n: int) -> list[Any]:
+    """The deterministic training problems of (seed, stream, step)."""
+    seed = (cfg.seed * 1_000_003 + stream * 7_777_777 + step) % 2**31
+    return task.generate(seed=seed, n=n, split="train", **dict(cfg.task.difficulty))
+
+
+def build_task(cfg: Config, dataset: Any = None) -> Any:
+    """The config's task; ``gsm8k`` / ``math`` read ``task.train_file`` / ``task.eval_file``.
+
+    ``task.name=dataset`` (or ``dataset`` given: dict rows or a ``datasets.Dataset``,
+    used as the training rows) builds `ais_jax.tasks.user_dataset.task_from_config`.
+    """
+    from ais_jax.tasks import TASKS, dataset_task, get_task, load_jsonl
+
+    name = cfg.task.name
+    if dataset is not None or name == "dataset":
+        from ais_jax.tasks.user_dataset import task_from_config
+
+        task = task_from_config(cfg.task, dataset)
+    elif name in TASKS:
+        task = get_task(name)
+    elif name in ("gsm8k", "math"):
+        if not cfg.task.train_file:
+            raise UsageError(f"task.name={name} needs task.train_file (a local JSONL file)")
+        train = load_jsonl(cfg.task.train_file)
+        ev = load_jsonl(cfg.task.eval_file) if cfg.task.eval_file else None
+        task = dataset_task(name, train, ev)
+    else:
+        try:
+            task = get_task(name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if cfg.sft.mistake_rate > 0 and getattr(task, "mistake", None) is None:
+        raise UsageError(f"sft.mistake_rate={cfg.sft.mistake_rate} needs a task with a typical "
+                         f"mistake, and task {cfg.task.name!r} defines none; set "
+                         "sft.mistake_rate=0")
+    return task
+
+
+def build_mesh(cfg: Config) -> Mesh:
+    """The ``(data, fsdp, tensor)`` mesh; checks it against the devices and the batch."""
+    n_dev = len(jax.devices())
+    m = cfg.mesh
+    if m.data * m.fsdp * m.tensor > n_dev:
+        raise UsageError(
+            f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} needs "
+            f"{m.data * m.fsdp * m.tensor} devices but only {n_dev} are visible; lower the mesh "
+            "sizes (on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
+    mesh = shd.make_mesh(m.data, m.fsdp, m.tensor)
+    div = shd.batch_divisor(mesh)
+    if cfg.rollout.prompts_per_step % div:
+        raise UsageError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a "
+                         f"multiple of mesh.data * mesh.fsdp = {div}")
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.train.minibatches
+    if rows % div:
+        raise UsageError(f"a minibatch of {rows} rows (prompts_per_step * group_size / "
+                         f"train.minibatches) does not split over mesh.data * mesh.fsdp = {div} "
+                         "batch shards; use fewer minibatches or more prompts")
+    micro = cfg.train.micro_batch_size
+    if micro and micro % div:
+        raise UsageError(f"train.micro_batch_size={micro} must be a multiple of mesh.data * "
+                         f"mesh.fsdp = {div} (each micro-batch is split over the batch shards)")
+    return mesh
+
+
+def scratch_model_config(tok: Any, *, hidden_size: int, intermediate_size: int,
+                         num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                         max_positions: int = 4096, tie_embeddings: bool = True) -> ModelConfig:
+    """The `ModelConfig` of a from-scratch decoder over the character tokenizer ``tok``."""
+    return ModelConfig(
+        vocab_size=tok.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, max_position_embeddings=max_positions, bos_token_id=tok.bos_id,
+        eos_token_id=tok.eos_id, eos_token_ids=(tok.eos_id,), pad_token_id=tok.pad_id,
+        tie_embeddings=tie_embeddings)
+
+
+def model_kind(cfg: Config) -> str:
+    """``model.kind`` resolved: ``auto`` is ``llada`` for a directory holding a LLaDA
+    ``config.json`` (`ais_jax.models.llada.checkpoint.is_llada_dir`), else ``ar``."""
+    if cfg.model.kind != "auto":
+        return cfg.model.kind
+    from ais_jax.models.llada.checkpoint import is_llada_dir
+
+    src = cfg.model.source
+    return "llada" if src not in ("scratch", "smollm2") and is_llada_dir(src) else "ar"
+
+
+def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
+    """``(params, LLaDAConfig, codec)`` of a LLaDA policy: from scratch over the character
+    tokenizer (one extra id, the mask token) or a LLaDA checkpoint directory."""
+    from ais_jax.config.checks import check_diffusion
+    from ais_jax.models.llada import checkpoint as llada_ckpt
+    from ais_jax.models.llada import model as llada
+    from ais_jax.tasks import CharTokenizer
+
+    check_diffusion(cfg)
+    param_dtype = st.DTYPES[cfg.model.param_dtype]
+    mc = cfg.model
+    if mc.source == "scratch":
+        if cfg.task.prompt_style != "compact":
+            raise UsageError("a scratch model uses the character tokenizer; set "
+                             "task.prompt_style=compact")
+        if mc.hidden_size % mc.num_heads or (mc.hidden_size // mc.num_heads) % 2:
+            raise UsageError(f"a LLaDA model's heads are model.hidden_size / model.num_heads "
+                             f"wide and that must be an even integer; got {mc.hidden_size} / "
+                             f"{mc.num_heads}")
+        tok = CharTokenizer()
+        lcfg = llada.LLaDAConfig(
+            vocab_size=tok.vocab_size + 1, hidden_size=mc.hidden_size,
+            intermediate_size=mc.intermediate_size, num_layers=mc.num_layers,
+            num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, mask_token_id=tok.vocab_size,
+            text_vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+            tie_embeddings=True)
+        params = llada.init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), lcfg,
+                                   param_dtype)
+        return params, lcfg, PromptCodec(tok, "compact", task, tok.pad_id, (tok.eos_id,))
+    if mc.source == "smollm2":
+        raise UsageError("model.kind=llada needs model.source=scratch or a LLaDA checkpoint "
+                         "directory; smollm2 is autoregressive (set model.kind=auto)")
+    try:
+        params, lcfg = llada_ckpt.load(mc.source, param_dtype)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"model.source {mc.source}: {e}; point it at a LLaDA checkpoint "
+                         "directory (config.json + model.safetensors)") from None
+    if os.path.isfile(os.path.join(mc.source, "char_tokenizer.json")):
+        tok = CharTokenizer.load(mc.source)  # a LLaDA policy exported by a scratch run
+        return params, lcfg, PromptCodec(tok, cfg.task.prompt_style, task, tok.pad_id,
+                                         (tok.eos_id,))
+    from ais_jax.models.pretrained import load_tokenizer
+
+    tok = load_tokenizer(mc.source)
+    eos = lcfg.eos_token_id if lcfg.eos_token_id is not None else tok.eos_token_id
+    if eos is None:
+        raise UsageError(f"model.source {mc.source}: neither config.json nor the tokenizer "
+                         "names an EOS id; add eos_token_id to config.json")
+    pad = lcfg.pad_token_id if lcfg.pad_token_id is not None else tok.pad_token_id
+    return params, lcfg, PromptCodec(tok, cfg.task.prompt_style, task,
+                                     int(eos if pad is None else pad), (int(eos),))
+
+
+def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
+    """``(params, model_cfg, codec)``: a scratch model, an HF directory, a GGUF file, SmolLM2
+    or (``model.kind`` resolving to ``llada``) a LLaDA policy (`build_llada`)."""
+    from ais_jax.tasks import CharTokenizer
+
+    if model_kind(cfg) == "llada":
+        return build_llada(cfg, task)
+    param_dtype = st.DTYPES[cfg.model.param_dtype]
+    style = cfg.task.prompt_style
+    if cfg.model.source == "scratch":
+        if style != "compact":
+            raise UsageError("a scratch model uses the character tokenizer; set "
+                             "task.prompt_style=compact")
+        tok = CharTokenizer()
+        mc = cfg.model
+        model_cfg = scratch_model_config(
+            tok, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+            num_layers=mc.num_layers, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim)
+        params = init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), model_cfg,
+                             param_dtype)
+        return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
+    from ais_jax.models.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
+
+    source = smollm2_gguf_path() if cfg.model.source == "smollm2" else cfg.model.source
+    params, model_cfg = load_pretrained(source, dtype=param_dtype)
+    if os.path.isfile(os.path.join(str(source), "char_tokenizer.json")):
+        tok = CharTokenizer.load(str(source))  # a policy exported by a scratch run of this CLI
+        return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
+    tok = load_tokenizer(source)
+    eos = tuple(model_cfg.eos_token_ids) or ((tok.eos_token_id,) if tok.eos_token_id
+                                              is not None else ())
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    return params, model_cfg, PromptCodec(tok, style, task, int(pad), tuple(int(e) for e in eos))
+
+
+def rl_warmup(learning_rate: float, warmup_steps: int,
+              updates_per_step: int) -> Callable[[Any], Any]:
+    """Linear warmup counted in RL steps: RL step ``s`` (from 0) runs at
+    ``learning_rate * min(1, (s + 1) / warmup_steps)``.
+
+    The schedule sees optimizer updates (``updates_per_step = epochs *
+    minibatches`` of them per RL step), so every update of one RL step gets the
+    same rate; the first update is nonzero and the full rate is reached at RL
+    step ``warmup_steps - 1``.
+
+    Args:
+      learning_rate: peak rate.
+      warmup_steps: RL steps of the warmup (>= 1).
+      updates_per_step: optimizer updates per RL step (>= 1).
+
+    Returns:
+      An optax schedule ``count -> rate``.
+    """
+    def schedule(count: Any) -> Any:
+        rl_step = count // updates_per_step
+        return learning_rate * jnp.minimum(1.0, (rl_step + 1) / warmup_steps)
+    return schedule
+
+
+def build_optimizers(cfg: Config) -> tuple[optax.GradientTransformation,
+                                           optax.GradientTransformation | None]:
+    """``(GRPO optimizer, warm-start optimizer or None)`` from the train and sft sections."""
+    t = cfg.train
+    lr: float | Callable[[Any], Any] = t.learning_rate
+    if t.warmup_steps:
+        lr = rl_warmup(t.learning_rate, t.warmup_steps, t.epochs * t.minibatches)
+    optimizer = optim.make_optimizer(lr, clip_norm=t.clip_norm or None,
+                                    weight_decay=t.weight_decay)
+    sft_opt = None
+    if cfg.sft.steps > 0 and cfg.model.source == "scratch":
+        s = cfg.sft
+        sft_lr = optax.warmup_cosine_decay_schedule(
+            0.0, s.learning_rate, min(s.warmup_steps, s.steps - 1), s.steps, 0.1 * s.learning_rate)
+        sft_opt = optim.make_optimizer(sft_lr, clip_norm=1.0)
+    return optimizer, sft_opt
+
+
+def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
+    """Build every piece of the run ``cfg`` describes (programs compile on first call).
+
+    Args:
+      cfg: the config.
+      reward_fns: extra reward callables (`ais_jax.tasks.user_rewards.build_rewards`).
+      dataset: training rows replacing ``task.train_file`` (`build_task`).
+    """
+    from ais_jax.tasks.user_rewards import build_rewards
+    from ais_jax.training.placement import place
+
+    task = build_task(cfg, dataset)
+    rewards = build_rewards(cfg.reward, reward_fns)
+    mesh = build_mesh(cfg)
+    params, model_cfg, codec = build_model(cfg, task)
+    if cfg.model.param_dtype == "bfloat16":
+        optim.check_bf16_master(params, cfg.train.learning_rate)
+    optimizer, sft_opt = build_optimizers(cfg)
+    eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
+                                  **dict(cfg.task.difficulty))
+    first = problems_at(cfg, task, 0, 0, cfg.rollout.prompts_per_step)
+    longest = max(len(codec.encode_prompt(p)) for p in eval_problems + first)
+    state = optim.init_train_state(params, optimizer)
+    ids = st.TokenIds(codec.eos_ids, codec.pad_id)
+    if model_kind(cfg) == "llada":
+        from ais_jax.training.llada.steps import build_step_fns as build_llada_fns
+
+        fns = build_llada_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, codec.eos_ids,
+                              codec.pad_id)
+    else:
+        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
+    state = place(state, fns.state_shardings)
+    return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
+               bucket_length(longest + 4, pow2_max=0), rewards)

@@ -1,0 +1,124 @@
+"""One RL step on the host side: rollout -> decode -> rewards -> update, as one plain function.
+
+`make_rl_step(run, ref_params)` returns ``rl_step(state, problems, key) ->
+(state, record)``::
+
+    prompts  = codec.encode_batch(problems, P)                     # [Pn, P] left-padded (P grows)
+    batch    = fns.rollout(state.params, prompts, rollout_key)     # G samples per prompt
+    logp_old = fns.score(state.params, batch)                      # dispatched, overlaps host
+                                                                   # (when needed, see below)
+    texts    = codec.decode(batch.tokens, batch.mask)              # host
+    rewards  = task verifier (once per completion) + user rewards  # host, [Pn, G]
+    state, m = fns.update(state, batch, rewards, update_key, ref, logp_old)  # AIS, GRPO
+
+When the update takes ``logp_old`` from its own forward (``fns.score_for_update``
+False), ``fns.score`` runs only on steps given ``on_samples`` (the completions
+table, `ais_jax.run.trackers`), which receives the step's per-row samples.
+
+``record`` holds the training accuracy (share of verified completions) and
+every metric of the update (docs/spec.md section 5: reward, d_bar, ESS ratio,
+alpha and its parts, loss, ...).  The CLI loop (`ais_jax.run.cli`) adds the step
+number, timing and evaluations, and logs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ais_jax.core.errors import UsageError
+from ais_jax.method.corrections import ratio_stats
+from ais_jax.rollout.sampler import bucket_length
+from ais_jax.tasks import RewardConfig, score_batch
+from ais_jax.tasks.user_rewards import score_rewards
+from ais_jax.training.build import Run
+from ais_jax.training.optim import TrainState
+from ais_jax.training.placement import to_global, to_host
+
+
+def grow_prompt_bucket(run: Run, longest: int) -> int:
+    """Grow ``run.prompt_bucket`` to fit a prompt of ``longest`` tokens; return the bucket.
+
+    Buckets only grow, through a bounded set (`ais_jax.rollout.sampler.bucket_length`:
+    powers of two up to 512, then multiples of 16), and each new bucket
+    compiles the rollout and update programs once.  The bucket is saved with
+    every checkpoint, so a resumed run starts from it.
+
+    Raises:
+      UsageError: the prompt plus ``rollout.max_new_tokens`` exceeds the
+        model's positions.
+    """
+    if longest <= run.prompt_bucket:
+        return run.prompt_bucket
+    n_new, max_pos = run.cfg.rollout.max_new_tokens, run.model_cfg.max_position_embeddings
+    if longest + n_new > max_pos:
+        raise UsageError(f"a training prompt has {longest} tokens; with rollout.max_new_tokens="
+                         f"{n_new} that exceeds the model's {max_pos} positions; lower "
+                         "rollout.max_new_tokens or shorten the prompts")
+    run.prompt_bucket = min(bucket_length(longest), max_pos - n_new)
+    return run.prompt_bucket
+
+
+RLStep = Callable[..., tuple[TrainState, dict[str, float]]]
+# on_samples(prompts, completions, rewards [B], ratio_stats): one step's rows, on the host
+OnSamples = Callable[[list[str], list[str], np.ndarray, dict[str, np.ndarray]], None]
+
+
+def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
+    """The run's RL step; ``ref_params`` is the KL reference policy (None: no KL term)."""
+    cfg, codec, fns = run.cfg, run.codec, run.fns
+    G = cfg.rollout.group_size
+    reward_cfg = RewardConfig(correct_weight=cfg.reward.task_weight,
+                              format_weight=cfg.train.reward_format_weight)
+    weights = np.asarray([r.weight for r in run.rewards], np.float32)
+    sh = fns.batch_sharding
+
+    def rl_step(state: TrainState, problems: Sequence[Any], key: jax.Array,
+                on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
+        """Sample G completions for each of ``problems``, score them, update ``state``.
+
+        Args:
+          state: the train state (donated to the update).
+          problems: ``Pn`` task problems (``rollout.prompts_per_step``).
+          key: this step's PRNG key (split into rollout and update keys).
+          on_samples: called with this step's prompts, completions, rewards and
+            `ais_jax.method.corrections.ratio_stats` (an extra logp_old forward when the
+            update does not need one); None: nothing extra.
+
+        Returns:
+          ``(new_state, record)``: ``record`` maps metric names to floats.
+        """
+        rkey, ukey = jax.random.split(key)
+        seqs = [codec.encode_prompt(p) for p in problems]
+        grow_prompt_bucket(run, max(len(s) for s in seqs))
+        pt, pm = codec.pad(seqs, run.prompt_bucket)
+        batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
+        # Dispatched now, so the trainer's logp_old forward runs while the host
+        # decodes and verifies (unless the update takes it from its own forward).
+        need = fns.score_for_update or on_samples is not None
+        logp_old = fns.score(state.params, batch) if need else None
+        toks, msk = to_host(batch.tokens), to_host(batch.mask)
+        texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
+        flat = [p for p in problems for _ in range(G)]
+        rewards, correct = score_batch(run.task, texts, flat, reward_cfg)
+        user = score_rewards(run.rewards, texts, flat)  # [B, F] unweighted, checked
+        rewards = rewards + user @ weights if run.rewards else rewards
+        rewards_g = to_global(rewards.reshape(len(problems), G), sh)
+        if on_samples is not None:  # before the update: state is donated to it
+            lo, lr = to_host(logp_old), to_host(batch.logp)
+            if lr.ndim == 3:  # LLaDA: [M, B, N], one estimate per inner iteration's masks
+                lo, lr = lo[0], lr[0]
+            stats = ratio_stats(lo, lr, msk)
+            on_samples([codec.prompt_text(p) for p in flat], texts, rewards, stats)
+        state, met = fns.update(state, batch, rewards_g, ukey, ref_params,
+                                logp_old if fns.score_for_update else None)
+        record = {"accuracy": float(np.mean(correct))}
+        record.update({k: float(v) for k, v in jax.device_get(met).items()})
+        record.update({f"reward/{r.name}": float(user[:, j].mean())
+                       for j, r in enumerate(run.rewards)})
+        return state, record
+
+    return rl_step

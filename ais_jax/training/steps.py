@@ -1,0 +1,203 @@
+"""The jitted programs of one GRPO-with-AIS step: rollout, update and the supervised warm start.
+
+One training step (docs/spec.md section 5)::
+
+    params --to_rollout_params--> FP8 copy --sample--> RolloutBatch      (rollout program)
+    RolloutBatch --task verifier--> rewards                              (host, ais_jax.training.rl)
+    (params, RolloutBatch, rewards) --advantages, logp_old, AIS, GRPO--> params'  (update)
+
+`build_step_fns` compiles them with explicit shardings over a `Mesh`.  The
+settings are the frozen config sections themselves (`ais_jax.config.schema.Config`),
+closed over as static values.  The host side of the step is `ais_jax.training.rl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from ais_jax.config.schema import Config, RolloutSection
+from ais_jax.method.distributions import token_logprobs
+from ais_jax.models import fp8
+from ais_jax.models.model import ModelConfig
+from ais_jax.rollout import sampler
+from ais_jax.training import sharding as shd
+from ais_jax.training.logprobs import head_map, hidden_states
+from ais_jax.training.optim import TrainState
+from ais_jax.training.policy import cast_params
+from ais_jax.training.trainer import (
+    DTYPES,
+    RolloutBatch,
+    remat_policy,
+    score,
+    single_forward,
+    update,
+)
+
+__all__ = ["DTYPES", "RolloutBatch", "StepFns", "TokenIds", "build_step_fns", "remat_policy",
+           "rollout", "rollout_params", "sft_loss", "state_shardings", "update"]
+
+
+class TokenIds(NamedTuple):
+    """The tokenizer's ids the programs need: EOS ids ending a row, and the padding id."""
+
+    eos_ids: tuple[int, ...]
+    pad_id: int | None
+
+
+def rollout_params(params: Any, r: RolloutSection) -> Any:
+    """The rollout copy: BF16 params, FP8-quantized when ``r.precision == "fp8"``."""
+    p = cast_params(params, jnp.bfloat16)
+    if r.precision == "fp8":
+        p = fp8.to_rollout_params(p, dtype=r.fp8_format, quantize_lm_head=r.lm_head_fp8,
+                                  weight_scaling=r.weight_scaling, act_scaling=r.act_scaling)
+    return p
+
+
+def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array,
+            model_cfg: ModelConfig, r: RolloutSection, ids: TokenIds,
+            mesh: Mesh | None = None) -> RolloutBatch:
+    """Quantize (weight sync) and sample ``G`` completions per prompt.
+
+    Args:
+      params: trainer params.
+      prompt_tokens: ``[Pn, P]`` left-padded prompts.
+      prompt_mask: ``[Pn, P]``.
+      key: PRNG key of this step.
+      model_cfg: model config.
+      r: the rollout section (precision, sampling settings, ``group_size`` G).
+      ids: EOS and padding ids.
+      mesh: when given, the rollout copy is re-laid out once (here, at the weight
+        sync) to the rollout sharding: no FSDP axis, so the decode loop never
+        all-gathers weights.
+
+    Returns:
+      `RolloutBatch` with ``Pn * G`` rows.
+    """
+    rp = rollout_params(params, r)
+    if mesh is not None:
+        rp = jax.lax.with_sharding_constraint(rp, shd.param_shardings(rp, mesh, rollout=True))
+    out = sampler.sample(
+        rp, prompt_tokens, prompt_mask, key, model_cfg, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+        eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=r.kv_cache_fp8,
+        pad_id=ids.pad_id,
+    )
+    G = r.group_size
+    return RolloutBatch(
+        prompt_tokens=jnp.repeat(prompt_tokens, G, axis=0),
+        prompt_mask=jnp.repeat(prompt_mask, G, axis=0),
+        tokens=out.tokens,
+        mask=out.mask.astype(jnp.float32),
+        logp=out.logp.astype(jnp.float32),
+    )
+
+
+def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, cfg: ModelConfig,
+             compute_dtype: Any = jnp.bfloat16, *, chunk: int = 0, remat: str = "none",
+             constrain: Any = None, head_constrain: Any = None,
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Teacher-forced cross-entropy on ``loss_mask`` positions.
+
+    The head runs ``chunk`` positions at a time (`ais_jax.training.logprobs.head_map`), so
+    ``[B, T, V]`` logits are never materialized.
+
+    Args:
+      params: master params.
+      tokens: ``[B, T]`` full sequences (prompt + answer + EOS, right-padded).
+      loss_mask: ``[B, T]`` 1 where ``tokens[:, t]`` is a target (answer / EOS).
+      cfg: model config.
+      compute_dtype: forward dtype.
+      chunk: head chunk length (0: all positions at once).
+      remat: per-layer rematerialization policy.
+      constrain: batch-sharding constraint for activations, or None.
+      head_constrain: rows constraint of a vocab-parallel head, or None.
+
+    Returns:
+      ``(mean token NLL, {"accuracy": token accuracy})``.
+    """
+    p = cast_params(params, compute_dtype)
+    h = hidden_states(p, tokens[:, :-1], cfg, remat=remat, constrain=constrain)  # [B, T-1, D]
+    tgt = tokens[:, 1:]
+
+    def nll_hit(logits: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+        nll = -token_logprobs(logits, t)  # masked sum: partitions over a sharded vocabulary
+        return nll, (jnp.argmax(logits, -1) == t)
+
+    nll, hit = head_map(p, h, tgt, cfg, nll_hit, chunk=chunk, constrain=constrain,
+                        head_constrain=head_constrain)  # [B, T-1]
+    m = loss_mask[:, 1:].astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(m), 1.0)
+    return jnp.sum(nll * m) / n, {"accuracy": jnp.sum(hit * m) / n}
+
+
+class StepFns(NamedTuple):
+    """Compiled step functions and the shardings they were built with."""
+
+    rollout: Any  # (params, prompt_tokens, prompt_mask, key) -> RolloutBatch
+    # (params, batch) -> logp_old [B, N]; always built (compiled on its first call)
+    score: Any
+    update: Any  # (state, batch, rewards, key, ref_params) -> (state, metrics)
+    sft: Any  # (params, opt_state, tokens, loss_mask) -> (params, opt_state, metrics)
+    state_shardings: Any
+    batch_sharding: Any
+    # whether the update needs ``score``'s logp_old (False: it takes it from its own forward)
+    score_for_update: bool = True
+
+
+def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+    """Shardings of a `TrainState`: params by the rules table, optimizer leaves by path."""
+    pspec = shd.param_shardings(state.params, mesh)
+    rep = shd.replicated(mesh)
+    return TrainState(pspec, shd.opt_state_shardings(state.opt_state, pspec, mesh), rep, rep)
+
+
+def build_step_fns(
+    state: TrainState,
+    mesh: Mesh,
+    optimizer: optax.GradientTransformation,
+    sft_optimizer: optax.GradientTransformation | None,
+    model_cfg: ModelConfig,
+    cfg: Config,
+    ids: TokenIds,
+) -> StepFns:
+    """Jitted rollout / update / SFT functions with explicit shardings (compiled on first call)."""
+    st_sh = state_shardings(state, mesh)
+    rep = shd.replicated(mesh)
+    b2 = shd.batch_sharding(mesh, 2)
+    rollout_sh = RolloutBatch(b2, b2, b2, b2, b2)
+
+    def rollout_fn(params, prompt_tokens, prompt_mask, key):
+        return rollout(params, prompt_tokens, prompt_mask, key, model_cfg, cfg.rollout, ids, mesh)
+
+    rollout_jit = jax.jit(rollout_fn, in_shardings=(st_sh.params, b2, b2, rep),
+                          out_shardings=rollout_sh)
+
+    def update_fn(state, batch, rewards, key, ref_params, logp_old):
+        return update(state, batch, rewards, key, ref_params, optimizer, model_cfg, cfg, mesh,
+                      logp_old)
+
+    ref_sh = st_sh.params if cfg.train.beta_kl > 0 else None
+    update_jit = jax.jit(update_fn, in_shardings=(st_sh, rollout_sh, b2, rep, ref_sh, b2),
+                         out_shardings=(st_sh, rep), donate_argnums=(0,))
+    # Built always (jit is lazy): the completions table scores logp_old even when the
+    # update takes it from its own forward.
+    score_jit = jax.jit(lambda params, batch: score(params, batch, model_cfg, cfg, mesh),
+                        in_shardings=(st_sh.params, rollout_sh), out_shardings=b2)
+    sft_jit = None
+    if sft_optimizer is not None:
+        def sft_fn(params, opt_state, tokens, loss_mask):
+            (loss, aux), g = jax.value_and_grad(sft_loss, has_aux=True)(
+                params, tokens, loss_mask, model_cfg, DTYPES[cfg.model.compute_dtype],
+                chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg),
+                constrain=shd.batch_constraint(mesh),
+                head_constrain=shd.head_constraint(mesh, model_cfg.vocab_size))
+            updates, opt_state = sft_optimizer.update(g, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
+        sft_jit = jax.jit(sft_fn, donate_argnums=(0, 1))
+    return StepFns(rollout_jit, score_jit, update_jit, sft_jit, st_sh, b2,
+                   not single_forward(cfg))
