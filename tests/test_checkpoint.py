@@ -191,13 +191,13 @@ sys.path.insert(0, {tests!r})
 from test_checkpoint import _state
 from ais_jax.run import checkpoint as ckpt
 m = ckpt.open_manager({out!r}, keep=2)
-ckpt.save(m, 3, _state(3), {{"ok": True}}, block={block})
+ckpt.save(m, 3, _state(3), {{"ok": True}})
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
 def test_sigkill_right_after_save_leaves_a_complete_checkpoint(tmp_path):
-    code = _KILLED_CHILD.format(tests=os.path.dirname(__file__), out=str(tmp_path), block=True)
+    code = _KILLED_CHILD.format(tests=os.path.dirname(__file__), out=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     m = ckpt.open_manager(tmp_path, keep=2)

@@ -30,7 +30,7 @@ def _reference(lt, lr, adv, mask, mode, cap=None, threshold=DEFAULT_GEO_THRESHOL
     lt, lr, adv = (np.asarray(x, np.float64) for x in (lt, lr, adv))
     with np.errstate(invalid="ignore", over="ignore"):
         lrho = np.where(v, lt - lr, 0.0)
-        s = np.sum(np.where(v, np.minimum(lrho, _L), 0.0), axis=1, keepdims=True)
+        s = np.sum(np.where(v, lrho, 0.0), axis=1, keepdims=True)  # summed, then capped
         n = np.maximum(v.sum(1, keepdims=True), 1)
         ones = np.ones_like(lrho, bool)
         keep, w = {
@@ -39,7 +39,7 @@ def _reference(lt, lr, adv, mask, mode, cap=None, threshold=DEFAULT_GEO_THRESHOL
             "token_mask": (lrho <= math.log(C), np.exp(lrho)),
             "seq_tis": (ones, np.broadcast_to(np.minimum(np.exp(s), C), lrho.shape)),
             "seq_mask": (np.broadcast_to(s <= math.log(C), lrho.shape),
-                         np.broadcast_to(np.exp(s), lrho.shape)),
+                         np.broadcast_to(np.exp(np.minimum(s, _L)), lrho.shape)),
             "geo_mask": (np.broadcast_to(np.abs(s / n) <= threshold, lrho.shape),
                          np.ones_like(lrho)),
         }[mode]
@@ -152,6 +152,65 @@ def test_zero_trainer_probability():
     assert float(res["tis"].stats()["log_ratio_p05"]) < -40
 
 
+def test_sequence_log_ratio_is_summed_before_any_cap():
+    # Token log-ratios [+100, -90]: S = 10 (the old per-token cap at 87 summed to -3).
+    lt = np.array([[100.0, -90.0], [0.5, -0.25]], np.float32)
+    z, ones = np.zeros((2, 2), np.float32), np.ones((2, 2), np.float32)
+    mask = np.ones((2, 2), bool)
+    r = _jitted(lt, z, ones, mask, mode="seq_tis", cap=3.0)
+    np.testing.assert_allclose(np.asarray(r.weights), [[3.0, 3.0], [math.exp(0.25)] * 2],
+                               rtol=1e-6)
+    r = _jitted(lt, z, ones, mask, mode="seq_mask", cap=3.0)
+    np.testing.assert_array_equal(np.asarray(r.keep), [[False, False], [True, True]])
+    np.testing.assert_array_equal(np.asarray(r.advantages)[0], [0.0, 0.0])
+    # geo_mask: mean log-ratio 5 > 4.9 drops the row; the old rule's -1.5 kept it.
+    r = _jitted(lt, z, ones, mask, mode="geo_mask", threshold=4.9)
+    np.testing.assert_array_equal(np.asarray(r.keep), [[False, False], [True, True]])
+    std = float(r.stats()["seq_log_ratio_std"])
+    np.testing.assert_allclose(std, np.std([10.0, 0.25], ddof=1), rtol=1e-6)
+    # A kept sum above 87 (cap e^100): the weight is e^87, not inf.
+    big = np.array([[50.0, 50.0]], np.float32)
+    r = _jitted(big, z[:1], ones[:1], mask[:1], mode="seq_mask", cap=float(np.exp(100.0)))
+    np.testing.assert_array_equal(np.asarray(r.keep), [[True, True]])
+    np.testing.assert_allclose(np.asarray(r.weights), np.exp(np.float32(_L)), rtol=1e-6)
+    assert float(r.stats()["seq_log_ratio_std"]) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["seq_tis", "seq_mask", "geo_mask"])
+def test_sequence_sum_ignores_inf_and_nan_padding(mode):
+    # Row 0 has S = 10 over its valid tokens; its padding holds +inf, -inf, NaN.
+    lt = np.array([[100.0, -90.0, np.inf, -np.inf, np.nan],
+                   [0.5, -0.25, 0.0, 0.0, 0.0]], np.float32)
+    lr = np.array([[0.0, 0.0, -np.inf, 0.0, 1.0], [0.0] * 5], np.float32)
+    mask = np.array([[1, 1, 0, 0, 0], [1, 1, 0, 0, 0]], bool)
+    clean = np.where(mask, lt, 0.0), np.where(mask, lr, 0.0)
+    adv = np.ones((2, 5), np.float32)
+    kw = {"threshold": 4.9} if mode == "geo_mask" else {"cap": 3.0}
+    dirty_r, clean_r = _jitted(lt, lr, adv, mask, mode=mode, **kw), _jitted(
+        *clean, adv, mask, mode=mode, **kw)
+    for a, b in zip(jax.tree.leaves(dirty_r), jax.tree.leaves(clean_r), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.isfinite(np.asarray(dirty_r.weights)).all()
+    for k, v in dirty_r.stats().items():
+        assert np.isfinite(float(v)), k
+    expect_w0 = {"seq_tis": 3.0, "seq_mask": 0.0, "geo_mask": 0.0}[mode]
+    np.testing.assert_allclose(np.asarray(dirty_r.weights)[0, :2], expect_w0)
+
+
+def test_plus_inf_token_cannot_meet_minus_inf():
+    # A +inf token log-ratio (float32 overflow of the difference) and a -inf one
+    # (trainer probability 0) in one sequence: ratio 0, never NaN.
+    big = float(np.finfo(np.float32).max)
+    lt = np.array([[big, -np.inf, 0.0]], np.float32)
+    lr = np.array([[-big, 0.0, 0.0]], np.float32)
+    ones = np.ones((1, 3), np.float32)
+    for mode in ("seq_tis", "seq_mask", "geo_mask"):
+        r = _jitted(lt, lr, ones, ones, mode=mode)
+        assert not np.isnan(np.asarray(r.weights)).any(), mode
+        assert np.asarray(r.weights).max() == 0.0, mode
+        assert np.asarray(r.keep).all() == (mode != "geo_mask"), mode
+
+
 def test_nan_in_a_valid_position_propagates():
     lt = np.array([[np.nan, 0.1], [0.0, 0.2]])
     for mode in CORRECTION_MODES:
@@ -257,8 +316,9 @@ def test_property_finite_outputs_and_keep_semantics(b, mode):
     assert (np.asarray(r.advantages)[~keep] == 0).all()
     if mode in ("none", "tis", "seq_tis", "ais"):
         np.testing.assert_array_equal(keep, mask)
-    if mode == "none":
-        np.testing.assert_array_equal(np.asarray(r.advantages), np.where(mask, adv, 0.0))
+    if mode == "none":  # XLA on CPU flushes float32 subnormals to zero
+        flushed = np.where(np.abs(adv) < np.finfo(np.float32).tiny, 0.0, adv)
+        np.testing.assert_array_equal(np.asarray(r.advantages), np.where(mask, flushed, 0.0))
 
 
 @settings(max_examples=60, deadline=None)

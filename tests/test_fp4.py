@@ -8,12 +8,15 @@ import re
 import subprocess
 import sys
 
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from _models import TINY, random_params
 from _tiny import TINY_MODEL
+from flax import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +76,7 @@ def test_mxfp4_known_block():
     assert q.scale.dtype == jnp.float8_e8m0fnu and q.scale.shape == (1, 1)
     assert float(q.scale.astype(jnp.float32)[0, 0]) == 0.5 and q.tensor_scale is None
     # x / 0.5 = [6, 2, -1.2, 0.4, 4.4, -0.2] -> E2M1 [6, 2, -1, 0.5, 4, 0]
-    np.testing.assert_array_equal(_np(q.value)[0, :6], [6, 2, -1, 0.5, 4, 0])
+    np.testing.assert_array_equal(_np(q.values())[0, :6], [6, 2, -1, 0.5, 4, 0])
     np.testing.assert_array_equal(_np(fp8.dequantize(q))[0, :6], [3, 1, -0.5, 0.25, 2, 0])
     # amax 7: scale 2**(2 - 2) = 1, and 7 is clipped to 6 (the OCP scale's known clipping)
     y = np.zeros((1, 32), np.float32)
@@ -93,7 +96,7 @@ def test_nvfp4_two_level_known_scales():
     assert float(q.tensor_scale[0, 0]) == np.float32(1 / 2688)
     np.testing.assert_array_equal(_np(q.scale), [[448.0, 4.5]])
     # block 2 in units of 4.5 / 2688: [5.973, -2.987, 1.195, 0] -> E2M1 [6, -3, 1, 0]
-    np.testing.assert_array_equal(_np(q.value)[0, 16:20], [6, -3, 1, 0])
+    np.testing.assert_array_equal(_np(q.values())[0, 16:20], [6, -3, 1, 0])
     expect = np.array([6, -3, 1, 0], np.float64) * 4.5 / 2688
     np.testing.assert_allclose(_np(fp8.dequantize(q))[0, 16:20], expect, rtol=1e-6)
     assert float(fp8.dequantize(q)[0, 0]) == pytest.approx(1.0, rel=1e-6)  # 6 * 448 / 2688
@@ -106,6 +109,119 @@ def test_nvfp4_block_below_e4m3_range_stores_zero():
     assert float(q.scale.astype(jnp.float32)[0, 1]) == 0.0
     out = _np(fp8.dequantize(q))
     assert np.all(np.isfinite(out)) and out[0, 16] == 0.0
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def _codes_as_e2m1(codes: np.ndarray) -> np.ndarray:
+    """ml_dtypes' own E2M1 values of 4-bit codes (its float4 is one byte, code in the low bits)."""
+    return np.asarray(codes, np.uint8).view(ml_dtypes.float4_e2m1fn)
+
+
+def test_pack_unpack_round_trips_every_e2m1_code():
+    codes = np.arange(16, dtype=np.uint8)
+    vals = _codes_as_e2m1(codes)
+    np.testing.assert_array_equal(vals.astype(np.float32)[:8], fp4.E2M1_GRID)
+    # every (low, high) pair of codes: byte k = code(v[2k]) | code(v[2k + 1]) << 4
+    lo, hi = np.meshgrid(codes, codes)  # lo varies fastest: byte k == k
+    pairs = np.stack([lo.ravel(), hi.ravel()], -1)  # [256, 2]
+    v = jnp.asarray(_codes_as_e2m1(pairs).reshape(1, 512))
+    packed = fp4.pack_e2m1(v)
+    assert packed.dtype == jnp.uint8 and packed.shape == (1, 256)
+    np.testing.assert_array_equal(np.asarray(packed)[0], lo.ravel() | (hi.ravel() << 4))
+    np.testing.assert_array_equal(np.asarray(packed)[0], np.arange(256))
+    for dtype in (jnp.float32, jnp.bfloat16, jnp.float4_e2m1fn):
+        back = np.asarray(fp4.unpack_e2m1(packed, dtype)).astype(np.float32)
+        want = np.asarray(v).astype(np.float32)
+        np.testing.assert_array_equal(back, want)
+        np.testing.assert_array_equal(np.signbit(back), np.signbit(want))  # -0.0 is code 8
+    back4 = np.asarray(fp4.unpack_e2m1(packed, jnp.float4_e2m1fn)).view(np.uint8)
+    np.testing.assert_array_equal(back4.reshape(-1, 2), pairs)
+    with pytest.raises(ValueError, match="even last dimension"):
+        fp4.pack_e2m1(jnp.zeros((2, 3), jnp.float4_e2m1fn))
+
+
+@settings(max_examples=30, deadline=None)
+@given(codes=hnp.arrays(np.uint8, st.tuples(st.integers(1, 3), st.integers(1, 8).map(
+    lambda n: 2 * n)), elements=st.integers(0, 15)))
+def test_property_unpack_inverts_pack(codes):
+    v = jnp.asarray(_codes_as_e2m1(codes))
+    back = fp4.unpack_e2m1(fp4.pack_e2m1(v), jnp.float4_e2m1fn)
+    np.testing.assert_array_equal(np.asarray(back).view(np.uint8), codes)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantized_values_are_the_unpacked_cast(fmt):
+    # The packed copy holds exactly the E2M1 values the unpacked code stored.
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 64)), jnp.float32)
+    q, old = fp4.quantize_blocks(x, fmt), _unpacked_quantize(x, fmt)
+    assert old.value.dtype == jnp.float4_e2m1fn and old.value.shape == x.shape
+    np.testing.assert_array_equal(np.asarray(q.values(jnp.float4_e2m1fn)).view(np.uint8),
+                                  np.asarray(old.value).view(np.uint8))
+    np.testing.assert_array_equal(_np(fp8.dequantize(q)), _np(fp8.dequantize(old)))
+    for dt in (jnp.float32, jnp.bfloat16):
+        xa = jnp.asarray(np.random.default_rng(1).standard_normal((5, 64)), dt)
+        w_new, w_old = (jax.tree.map(lambda a: a[1], w) for w in (q, old))  # [3, 64]
+        np.testing.assert_array_equal(_np(fp4.block_qdot(xa, w_new)),
+                                      _np(fp4.block_qdot(xa, w_old)))
+
+
+def test_bytes_per_weight_measured_from_the_arrays():
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((2, 64, 128)), jnp.float32)
+    nv, mx = fp4.quantize_blocks(w, "nvfp4"), fp4.quantize_blocks(w, "mxfp4")
+    assert nv.nbytes == nv.value.nbytes + nv.scale.nbytes + nv.tensor_scale.nbytes
+    assert fp4.bytes_per_weight(nv) == pytest.approx(0.5625 + 4 / (64 * 128))
+    assert fp4.bytes_per_weight(mx) == 0.53125
+    e4m3 = fp8.quantize_weight(w)
+    assert e4m3.nbytes / w.size == pytest.approx(1 + 4 / (64 * 128))  # FP8: twice as large
+
+
+@struct.dataclass
+class _Unpacked(fp4.BlockQuantArray):
+    """The old layout: ``value`` ``float4_e2m1fn`` ``[..., out, in]``, one byte per value."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    def values(self, dtype=jnp.float32):
+        return self.value.astype(dtype)
+
+
+def _unpacked_quantize(x, fmt):
+    """`fp4.quantize_blocks` as it was before packing (its E2M1 values, unpacked)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fp4, "pack_e2m1", lambda v: v)
+        q = fp4.quantize_blocks(x, fmt)
+    return _Unpacked(value=q.value, scale=q.scale, tensor_scale=q.tensor_scale, fmt=q.fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sampler_on_packed_copy_equals_unpacked_math(fmt):
+    from ais_jax.rollout import sampler
+
+    params = random_params(AR)
+    sec = RolloutSection(fp8_format=fmt, lm_head_fp8=True)
+    packed = jax.jit(lambda p: rollout_params(p, sec))(params)
+    with pytest.MonkeyPatch.context() as mp:  # the old layout: E2M1 values unpacked
+        mp.setattr(fp4, "pack_e2m1", lambda v: v)
+        old = jax.jit(lambda p: rollout_params(p, sec))(params)
+    old = jax.tree.map(lambda q: _Unpacked(value=q.value, scale=q.scale,
+                                           tensor_scale=q.tensor_scale, fmt=q.fmt)
+                       if isinstance(q, fp4.BlockQuantArray) else q, old,
+                       is_leaf=lambda q: isinstance(q, fp4.BlockQuantArray))
+    assert old["layers"]["w_up"].value.dtype == jnp.float4_e2m1fn
+    assert fp8.tree_nbytes(packed["layers"]) < 0.6 * fp8.tree_nbytes(old["layers"])
+    toks = jax.random.randint(jax.random.key(3), (3, 5), 0, AR.vocab_size)
+    mask = jnp.ones((3, 5), bool).at[0, :2].set(False)
+    a, b = (sampler.sample(r, toks, mask, jax.random.key(4), AR, max_new_tokens=6,
+                           decode_segments=1) for r in (packed, old))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(_np(a.logp), _np(b.logp), rtol=0, atol=1e-6)
+    fwd = jax.jit(model.forward, static_argnums=2)
+    np.testing.assert_allclose(_np(fwd(packed, toks, AR)), _np(fwd(old, toks, AR)),
+                               rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- error bound
@@ -156,7 +272,9 @@ def test_rollout_params_dtypes_shapes_and_bytes(fmt):
         w, full = (r[name], params[name]) if name == "lm_head" else (
             r["layers"][name], params["layers"][name])
         assert isinstance(w, fp4.BlockQuantArray) and isinstance(w, fp8.QuantArray)
-        assert w.value.dtype == jnp.float4_e2m1fn and w.value.shape == full.shape
+        assert w.value.dtype == jnp.uint8  # two E2M1 codes per byte
+        assert w.value.shape == (*full.shape[:-1], full.shape[-1] // 2)
+        assert w.shape == full.shape and w.dtype == jnp.float4_e2m1fn
         assert w.scale.dtype == SCALE_DTYPES[fmt]
         assert w.scale.shape == (*full.shape[:-1], full.shape[-1] // block)
         if fmt == "nvfp4":
@@ -164,10 +282,11 @@ def test_rollout_params_dtypes_shapes_and_bytes(fmt):
             assert w.tensor_scale.shape == (*full.shape[:-2], 1, 1)
         else:
             assert w.tensor_scale is None
-        # 1 byte per E2M1 value (not packed two per byte) + 1 byte per block (+ 4 per matrix)
+        # half a byte per E2M1 value (packed) + 1 byte per block (+ 4 per matrix)
         n_mat = int(np.prod(full.shape[:-2]))
-        expect = full.size + full.size // block + (4 * n_mat if fmt == "nvfp4" else 0)
+        expect = full.size // 2 + full.size // block + (4 * n_mat if fmt == "nvfp4" else 0)
         assert w.nbytes == fp8.tree_nbytes(w) == expect
+        assert fp4.bytes_per_weight(w) == expect / full.size
     assert fp8.tree_nbytes(r) == sum(x.nbytes for x in jax.tree_util.tree_leaves(r))
     np.testing.assert_array_equal(np.asarray(r["embed"]), np.asarray(params["embed"]))
 
@@ -191,6 +310,8 @@ def test_bad_block_size_and_settings_raise():
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="not a multiple of the nvfp4 block size 16"):
         fp4.quantize_blocks(jnp.ones((4, 24)), "nvfp4")
+    with pytest.raises(ValueError, match="input dim 15 is not a multiple"):  # odd: refused
+        fp4.quantize_blocks(jnp.ones((4, 15)), "nvfp4")
     with pytest.raises(ValueError, match="unknown fp4 format"):
         fp4.quantize_blocks(jnp.ones((4, 32)), "fp4")
     with pytest.raises(ValueError, match="must stay 'tensor'"):
@@ -254,7 +375,8 @@ def test_trainer_rollout_params_and_sampler():
     params = random_params(AR)
     rp = jax.jit(lambda p: rollout_params(p, RolloutSection(fp8_format="mxfp4",
                                                            lm_head_fp8=True)))(params)
-    assert rp["layers"]["w_up"].value.dtype == jnp.float4_e2m1fn
+    assert rp["layers"]["w_up"].value.dtype == jnp.uint8
+    assert rp["layers"]["w_up"].dtype == jnp.float4_e2m1fn
     assert rp["layers"]["w_up"].scale.dtype == jnp.float8_e8m0fnu
     toks = jnp.ones((2, 3), jnp.int32)
     out = sampler.sample(rp, toks, jnp.ones((2, 3), bool), jax.random.key(0), AR,
@@ -312,5 +434,8 @@ def test_rollout_sharding_specs(fmt):
     specs = shd.param_specs(r, mesh, rollout=True)
     wq = specs["layers"]["wq"]
     assert wq.value == PartitionSpec(None, "tensor", None) and wq.scale == PartitionSpec()
+    # wo [L, D, QH]: packed value [L, 32, 16]; its input (heads) axis splits over tensor
+    assert r["layers"]["wo"].value.shape == (AR.num_layers, 32, 16)
+    assert specs["layers"]["wo"].value == PartitionSpec(None, None, "tensor")
     if fmt == "nvfp4":  # [L, 1, 1]: too small to split, replicated
         assert wq.tensor_scale == PartitionSpec(None, None, None)

@@ -84,3 +84,61 @@ def test_cli_subprocess_bad_path_exit_status():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def _llada_dir(tmp_path, tensor: str, value: float) -> str:
+    """A tiny LLaDA checkpoint over the character tokenizer with ``tensor`` [3, 4] = ``value``."""
+    import jax
+    from safetensors.numpy import load_file, save_file
+
+    from ais_jax.models.llada.checkpoint import save
+    from ais_jax.models.llada.model import LLaDAConfig, init_params
+    from ais_jax.tasks import CharTokenizer
+
+    tok = CharTokenizer()
+    cfg = LLaDAConfig(vocab_size=tok.vocab_size + 1, hidden_size=32, intermediate_size=64,
+                      num_layers=1, num_heads=2, num_kv_heads=1, mask_token_id=tok.vocab_size,
+                      text_vocab_size=tok.vocab_size, eos_token_id=tok.eos_id,
+                      pad_token_id=tok.pad_id)
+    d = str(tmp_path / "llada")
+    save(d, init_params(jax.random.key(0), cfg), cfg)
+    tok.save(d)
+    f = f"{d}/model.safetensors"
+    tensors = load_file(f)
+    tensors[tensor] = tensors[tensor].copy()
+    tensors[tensor][3, 4] = value
+    save_file(tensors, f, metadata={"format": "pt"})
+    return d
+
+
+def test_cli_subprocess_nan_llada_weights_exit_2(tmp_path):
+    # Before: the NaN flowed through, the table printed nan and the exit status was 0.
+    name = "model.transformer.blocks.0.q_proj.weight"
+    d = _llada_dir(tmp_path, name, float("nan"))
+    r = subprocess.run([sys.executable, "-m", "ais_jax.mismatch", "--model", d,
+                        "--max-new-tokens", "8", "--block-length", "4", "--diffusion-steps", "4",
+                        "--num-prompts", "2", "--samples", "2"],
+                       capture_output=True, text=True, timeout=300)
+    err = r.stderr.strip()
+    assert r.returncode == 2, err[-1500:]
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err[-1500:]
+    assert err.startswith("mismatch: error: ") and name in err and "non-finite" in err
+    assert "nan" not in r.stdout
+
+
+def test_non_finite_results_exit_2(monkeypatch, capsys):
+    # Finite weights whose log-probs still overflow: the table would show nan.
+    stats = mismatch.diagnostics(np.array([[-1.0, np.nan]], np.float32),
+                                 np.array([[-1.0, -0.5]], np.float32),
+                                 np.ones((1, 2), np.float32), np.ones(1, np.float32))
+    assert not np.isfinite(stats["d_bar"])
+    fake = {"model": "M", "trainer_dtype": "bfloat16", "arms": {"fp8": stats}}
+    monkeypatch.setattr(mismatch, "run", lambda args: fake)
+    assert mismatch.main(["--model", "random:tiny"]) == 2
+    out = capsys.readouterr()
+    err = out.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("mismatch: error: arm 'fp8' of M: ")
+    assert "non-finite results (d_bar" in err and out.out == ""
+    fake["arms"]["fp8"] = {**stats, "num_tokens": 0}
+    assert mismatch.main(["--model", "random:tiny"]) == 2
+    assert "no completion tokens" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from ais_jax.config.load import load_config
 from ais_jax.config.schema import DEFAULT_CONFIG_PATH
 from ais_jax.core.errors import UsageError
 from ais_jax.run import cli as train
-from ais_jax.run import runguard
+from ais_jax.run import runguard, signals
 
 TINY = [*TINY_RUN, "train.learning_rate=0.003"]
 TIMING = {"step_time_s"}
@@ -136,7 +136,8 @@ def test_finished_run_exits_0_without_rewriting_results(tmp_path, capsys):
         code, cap = _main(tmp_path, f"train.steps={steps}", "checkpoint.every=1",
                           capsys=capsys)
         assert code == 0, cap.err
-        assert "already holds step 2" in cap.out and len(cap.out.strip().splitlines()) == 1
+        assert "already holds the results of step 2" in cap.out
+        assert len(cap.out.strip().splitlines()) == 1
         assert [_digest(p) for p in files] == before
 
 
@@ -229,7 +230,7 @@ def test_signal_checkpoints_exits_128_plus_signum_and_resumes_identically(signum
 
 def test_stop_flag_records_the_signal_and_restores_handlers():
     before = signal.getsignal(signal.SIGINT)
-    stop = runguard.StopFlag()
+    stop = signals.StopFlag()
     with stop.installed():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)
@@ -260,7 +261,7 @@ def test_export_refuses_non_finite_weights(tmp_path):
 def test_disk_full_or_read_only_out_dir_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
     import errno as errno_mod
 
-    def full(cfg):
+    def full(cfg, **_):
         raise OSError(errno_mod.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
 
     monkeypatch.setattr(train, "run", full)

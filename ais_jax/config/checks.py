@@ -171,6 +171,9 @@ def _validate_rest(cfg: Config) -> None:
     from ais_jax.tasks.user_rewards import check_names
 
     check_names(dict(cfg.reward.functions), dict(cfg.reward.weights))
+    t = cfg.reward.timeout_s
+    _require(t > 0 and t == t and t != float("inf"),
+             f"reward.timeout_s must be a finite number of seconds > 0, got {t}")
 
 
 def _validate_sft_criterion(s: SFTSection) -> None:

@@ -93,6 +93,7 @@ class RewardSection:
     functions: FrozenMapping = ()
     weights: FrozenMapping = ()  # name -> weight of that function in the reward; 1 unless set
     task_weight: float = 1.0  # weight of the task verifier's correctness; 0 turns it off
+    timeout_s: float = 60.0  # each function's calls of one RL step must return within this, > 0
 
 
 @dataclass(frozen=True)

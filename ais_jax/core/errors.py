@@ -2,11 +2,16 @@
 
 `CheckpointError` is the user error of files that hold weights or train
 state (an HF directory, a GGUF file, an orbax checkpoint): a missing path, a
-malformed file, a tree that does not match.  Anything else that escapes the
-CLI is an internal error and keeps its traceback.
+malformed file, a tree that does not match.  `StorageError` is the disk's refusal
+(full, quota, read-only, permissions, a bad path), recognized by `storage_error`
+wherever it is raised.  Anything else that escapes the CLI is an internal error
+and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class UsageError(ValueError):
@@ -15,3 +20,61 @@ class UsageError(ValueError):
 
 class CheckpointError(UsageError):
     """A model file or train-state checkpoint that cannot be loaded or saved; one line."""
+
+
+class StorageError(UsageError):
+    """The disk refused a write or read of the run's files (full, quota, read-only, permissions,
+    a bad path); one line naming the path and the fix. The run stays resumable."""
+
+
+# errno -> what the user can do about it.
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "free space on the device",
+    errno.EDQUOT: "free space or raise the disk quota",
+    errno.EROFS: "use a writable out_dir",
+    errno.EACCES: "fix the permissions or use another out_dir",
+    errno.EPERM: "fix the permissions or use another out_dir",
+    errno.ENAMETOOLONG: "use a shorter out_dir name",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: use another out_dir",
+    errno.EISDIR: "a directory stands where a file is written: move it away",
+}
+# Texts of storage failures that libraries (orbax / tensorstore) re-raise without an errno.
+_STORAGE_TEXTS = {
+    "no space left on device": errno.ENOSPC,
+    "disk quota exceeded": errno.EDQUOT,
+    "read-only file system": errno.EROFS,
+    "permission denied": errno.EACCES,
+    "file name too long": errno.ENAMETOOLONG,
+}
+
+
+def storage_error(e: BaseException, path: str | None = None) -> StorageError | None:
+    """The `StorageError` that ``e`` (or an exception it chains) amounts to, else None.
+
+    Recognizes an `OSError` with one of the storage errnos anywhere in the chain, and the
+    texts orbax / tensorstore use when they wrap such an error (``ValueError:
+    RESOURCE_EXHAUSTED ... No space left on device``).
+
+    Args:
+      e: the exception raised by a write or read.
+      path: the file or directory being written, named in the message when the error has none.
+
+    Returns:
+      A one-line `StorageError` ("<path>: <what happened>; <fix>, then rerun the same command
+      to resume"), or None when ``e`` is not a storage failure.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        code = cur.errno if isinstance(cur, OSError) else None
+        text = str(cur).lower()
+        if code not in _STORAGE_ERRNOS:
+            code = next((c for t, c in _STORAGE_TEXTS.items() if t in text), None)
+        if code is not None:
+            where = (cur.filename if isinstance(cur, OSError) and cur.filename else path) or ""
+            what = os.strerror(code)
+            return StorageError(f"{where + ': ' if where else ''}{what}; {_STORAGE_ERRNOS[code]}, "
+                                "then rerun the same command to resume from the latest checkpoint")
+        cur = cur.__cause__ or cur.__context__
+    return None

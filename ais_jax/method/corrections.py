@@ -32,21 +32,32 @@ Zero trainer probability.  A valid token with ``logp_train = -inf`` (outside
 the trainer's top-k / top-p set) has ``rho = 0`` and ``log rho = -inf``: weight
 0 in ``tis`` / ``token_mask`` (kept, as TRL does) and in ``ais``'s ``w_bar``;
 its sequence has ``S_b = -inf``, i.e. sequence ratio 0: weight 0 in
-``seq_tis`` / ``seq_mask`` (kept) and dropped by ``geo_mask``.  Token
-log-ratios enter ``S_b`` capped above at `LOG_RATIO_BOUND` (87), so ``+inf``
-can never meet ``-inf``.  A NaN in a valid position propagates into the weights
-(except mode ``none``) and the statistics; ``logp_rollout`` of a sampled token
-must be finite.
+``seq_tis`` / ``seq_mask`` (kept) and dropped by ``geo_mask``.  A NaN in a
+valid position propagates into the weights (except mode ``none``) and the
+statistics; ``logp_rollout`` of a sampled token must be finite.
 
-Diagnostics (float32 scalars over the whole batch, in every mode; log-ratios
-clipped to ``[-87, 87]``): ``kl_k1`` (mean of ``logp_rollout - logp_train``,
+The sequence log-ratio.  ``S_b`` is the exact float32 sum of the valid tokens'
+log-ratios (masked positions are selected away, so NaN / Inf there never
+leak); no token is capped before the sum, so a row ``[+100, -90]`` has
+``S_b = 10``.  The masks compare this ``S_b`` (``seq_mask``: ``S_b > log C``,
+``geo_mask``: ``|S_b / n_b|``); the weights take ``exp(min(S_b, 87))``
+(`LOG_RATIO_BOUND`), which cannot overflow, so ``seq_mask`` keeps
+``exp(S_b)`` exactly whenever ``C <= e^87``.  Only to keep the sum finite
+above, a token log-ratio is bounded by ``float32 max / (2 N)`` (a ``+inf``,
+from a ``logp_rollout = -inf`` outside the contract or a float32 overflow of
+the difference, cannot meet a ``-inf``: the sequence ratio is then 0); no
+finite log-prob difference of practical size is near that bound.
+
+Diagnostics (float32 scalars over the whole batch, in every mode; token and
+sequence log-ratios clipped to ``[-87, 87]``, a sequence's after its sum):
+``kl_k1`` (mean of ``logp_rollout - logp_train``,
 the k1 estimate of KL(rollout || train)), ``kl_k3`` (mean of ``rho - 1 - log
 rho``, at most float32 max), ``log_ratio_p05`` / ``_p50`` / ``_p95`` (masked
 quantiles of ``log rho``, linear interpolation as `numpy.quantile`),
 ``dropped_token_frac`` (valid tokens not kept / valid tokens),
 ``dropped_seq_frac`` (sequences with a valid token but none kept / such
-sequences), ``seq_log_ratio_std`` (sample std of ``S_b``), ``weight_mean`` /
-``weight_max`` (over kept tokens) and ``num_valid``; every mode adds
+sequences), ``seq_log_ratio_std`` (sample std of ``clip(S_b, -87, 87)``),
+``weight_mean`` / ``weight_max`` (over kept tokens) and ``num_valid``; every mode adds
 `AISResult.stats` (``alpha``, ``cv``, ``d_bar``, ...; ``alpha`` is 0 in the
 modes that do not apply it).
 """
@@ -162,12 +173,44 @@ def masked_quantiles(x: jax.Array, valid: jax.Array, qs: tuple[float, ...]) -> j
     return jnp.where(n > 0, q, 0.0)
 
 
-def _k3(c: jax.Array) -> jax.Array:
-    """``exp(c) - 1 - c`` without cancellation near 0 (series for ``|c| < 1e-2``)."""
+def k3(c: jax.Array) -> jax.Array:
+    """The k3 estimator term ``exp(c) - 1 - c``, elementwise, without cancellation near 0.
+
+    ``exp(c) - c - 1`` in float32 loses every digit for ``|c| < 1e-4`` (it is 0
+    at ``c = 1e-4``, exactly ``5e-9``); this uses the series
+    ``c^2 (1/2 + c (1/6 + c / 24))`` for ``|c| < 1e-2`` and ``expm1(c) - c``
+    elsewhere.  Differentiable with a finite gradient wherever the value is
+    finite (the unused branch sees a safe input).  Shared by the ``kl_k3``
+    diagnostic here and the KL penalty of `ais_jax.method.grpo.grpo_loss`.
+
+    Args:
+      c: ``[...]`` float log-ratio (float32 for reductions).
+
+    Returns:
+      ``[...]`` same dtype, ``>= 0`` (``+inf`` where ``exp(c)`` overflows).
+    """
     small = jnp.abs(c) < 1e-2
     cs = jnp.where(small, c, 0.0)
     series = cs * cs * (0.5 + cs * (1.0 / 6.0 + cs * (1.0 / 24.0)))
     return jnp.where(small, series, jnp.expm1(c) - c)
+
+
+def _seq_log_ratio(log_rho: jax.Array, valid: jax.Array) -> jax.Array:
+    """``S_b``: the sum of each row's valid token log-ratios, before any cap.
+
+    Args:
+      log_rho: ``[B, N]`` float32 token log-ratios (anything where not valid).
+      valid: ``[B, N]`` bool.
+
+    Returns:
+      ``[B]`` float32; 0 for a row without valid tokens, ``-inf`` when a valid
+      token's ratio is 0, NaN when a valid token is NaN.  A token enters
+      bounded above by ``float32 max / (2 N)`` so the sum never reaches
+      ``+inf`` (module docstring).
+    """
+    bound = _F32_MAX / (2.0 * max(log_rho.shape[-1], 1))
+    return jnp.sum(jnp.where(valid, jnp.minimum(log_rho, bound), 0.0), axis=-1,
+                   dtype=jnp.float32)
 
 
 def _diagnostics(log_rho: jax.Array, valid: jax.Array, keep: jax.Array,
@@ -177,7 +220,7 @@ def _diagnostics(log_rho: jax.Array, valid: jax.Array, keep: jax.Array,
     c = jnp.where(valid, jnp.clip(log_rho, -LOG_RATIO_BOUND, LOG_RATIO_BOUND), 0.0)
     out = {
         "kl_k1": -jnp.sum(c) * inv_n,
-        "kl_k3": jnp.minimum(jnp.sum(jnp.where(valid, _k3(c), 0.0)) * inv_n, _F32_MAX),
+        "kl_k3": jnp.minimum(jnp.sum(jnp.where(valid, k3(c), 0.0)) * inv_n, _F32_MAX),
     }
     out.update(zip((k for k, _ in _QUANTILES),
                    masked_quantiles(c, valid, tuple(q for _, q in _QUANTILES)), strict=True))
@@ -186,7 +229,8 @@ def _diagnostics(log_rho: jax.Array, valid: jax.Array, keep: jax.Array,
     n_seq = jnp.sum(seq_valid, dtype=jnp.float32)
     seq_dropped = seq_valid & ~jnp.any(keep, axis=1)
     out["dropped_seq_frac"] = jnp.sum(seq_dropped, dtype=jnp.float32) / jnp.maximum(n_seq, 1.0)
-    _, out["seq_log_ratio_std"] = _masked_mean_std(jnp.sum(c, axis=1), seq_valid, n_seq)
+    s_b = jnp.clip(_seq_log_ratio(log_rho, valid), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    _, out["seq_log_ratio_std"] = _masked_mean_std(s_b, seq_valid, n_seq)
     n_keep = jnp.maximum(jnp.sum(keep, dtype=jnp.float32), 1.0)
     kept_w = jnp.where(keep, weights, 0.0)
     out["weight_mean"] = jnp.minimum(jnp.sum(kept_w) / n_keep, _F32_MAX)
@@ -253,11 +297,12 @@ def correction_weights(
         w = jnp.exp(log_rho)
     else:
         n_b = jnp.sum(valid, axis=1, dtype=jnp.float32)  # [B]
-        s = jnp.sum(jnp.where(valid, jnp.minimum(log_rho, LOG_RATIO_BOUND), 0.0), axis=1)
+        s = _seq_log_ratio(log_rho, valid)  # [B], summed before any cap
+        s_w = jnp.minimum(s, LOG_RATIO_BOUND)  # exp(s_w) cannot overflow
         if mode == "seq_tis":
-            keep_seq, w_seq = jnp.ones_like(s, jnp.bool_), jnp.exp(jnp.minimum(s, log_cap))
+            keep_seq, w_seq = jnp.ones_like(s, jnp.bool_), jnp.exp(jnp.minimum(s_w, log_cap))
         elif mode == "seq_mask":
-            keep_seq, w_seq = ~(s > log_cap), jnp.exp(s)
+            keep_seq, w_seq = ~(s > log_cap), jnp.exp(s_w)
         else:  # geo_mask
             g = s / jnp.maximum(n_b, 1.0)
             keep_seq, w_seq = ~(jnp.abs(g) > threshold), jnp.where(jnp.isnan(g), g, 1.0)

@@ -12,6 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ais_jax.method.corrections import k3
+
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 
 
@@ -103,8 +105,9 @@ def grpo_loss(
 
     ``ratio = exp(logp_new - logp_old)``;
     per token ``-min(ratio * A, clip(ratio, 1 - e_lo, 1 + e_hi) * A) + beta_kl * KL_k3``
-    with ``KL_k3 = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1``,
-    aggregated as ``loss_cfg.aggregation`` says.
+    with ``KL_k3 = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1``
+    (`ais_jax.method.corrections.k3`: a series near 0, so a tiny KL keeps its
+    relative accuracy in float32), aggregated as ``loss_cfg.aggregation`` says.
 
     Args:
       logp_new: ``[B, N]`` log-probs under the policy being updated (differentiated).
@@ -149,7 +152,7 @@ def grpo_loss(
     if logp_ref is not None:
         lref = jnp.where(valid, jax.lax.stop_gradient(logp_ref).astype(jnp.float32), 0.0)
         d = lref - jnp.where(valid, ln_kl.astype(jnp.float32), 0.0)
-        kl = jnp.exp(d) - d - 1.0
+        kl = k3(d)  # exp(d) - d - 1 without float32 cancellation at small d
         per_tok = per_tok + loss_cfg.beta_kl * kl
     per_tok = jnp.where(valid, per_tok, 0.0)
     vf = valid.astype(jnp.float32)

@@ -24,7 +24,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 
 from ais_jax.core.errors import CheckpointError
-from ais_jax.models import layout
+from ais_jax.models import layout, weight_files
 from ais_jax.models.fp8 import QuantArray
 from ais_jax.models.hf_config import (
     hf_config_from_model_config,
@@ -33,6 +33,7 @@ from ais_jax.models.hf_config import (
     model_config_from_hf,
 )
 from ais_jax.models.model import ModelConfig
+from ais_jax.models.weight_files import SafetensorsFiles, read_json, shard_files
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -72,7 +73,7 @@ def _assemble(
         with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
             out = arr.astype(np_dtype)
         if check_finite:
-            _check_finite(out, name, source)
+            weight_files.check_finite(out, name, source)
         return out
 
     layers = table.pop("layers")
@@ -90,60 +91,16 @@ def _assemble(
     return params
 
 
-def _check_finite(arr: np.ndarray, name: str, source: str) -> None:
-    if np.issubdtype(arr.dtype, np.integer) or bool(np.isfinite(arr).all()):
-        return
-    bad = int(np.count_nonzero(~np.isfinite(arr)))
-    raise CheckpointError(f"tensor {name!r} in {source} holds {bad} non-finite values (NaN or "
-                          f"inf) of {arr.size}; the weights are corrupt (re-download or "
-                          "re-export them) or overflow the load dtype")
-
-
-def _shard_files(path: str, index: str, weight_map: Any) -> dict[str, str]:
-    """Tensor name -> shard path from an index's ``weight_map``; shards stay inside ``path``.
-
-    The check is on the names (no absolute path, no ``..`` component), made before any
-    shard is opened; symlinks inside the directory (the HF hub cache) are followed.
-    """
-    if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{index} has no 'weight_map' object; re-export the checkpoint")
-    files = {}
-    for tensor, shard in weight_map.items():
-        if not isinstance(shard, str) or not shard:
-            raise CheckpointError(f"{index} maps tensor {str(tensor)[:80]!r} to "
-                                  f"{str(shard)[:80]!r}, not a file name; re-export it")
-        norm = os.path.normpath(shard)
-        if os.path.isabs(shard) or norm == ".." or norm.startswith(".." + os.sep):
-            raise CheckpointError(f"{index} names the shard {shard[:120]!r} outside the model "
-                                  "directory; refusing to open it (shards must be relative "
-                                  "paths inside the directory)")
-        files[tensor] = os.path.join(path, norm)
-    return files
-
-
-def _read_json(path: str) -> Any:
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path} not found; an HF checkpoint directory needs a config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, huge ints
-        raise CheckpointError(f"{path} is not valid JSON ({str(e)[:200]}); repair or re-export "
-                              "it") from None
-
-
 def _load_hf_dir(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelConfig]:
-    from safetensors import safe_open
-
-    cfg = model_config_from_hf(_read_json(os.path.join(path, "config.json")))
+    cfg = model_config_from_hf(read_json(os.path.join(path, "config.json")))
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):  # e.g. Llama-3 instruct lists extra EOS ids only here
-        cfg = merge_generation_eos(cfg, _read_json(gen_path), gen_path)
+        cfg = merge_generation_eos(cfg, read_json(gen_path), gen_path)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        data = _read_json(index)
+        data = read_json(index)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        files = _shard_files(path, index, weight_map)
+        files = shard_files(path, index, weight_map)
     else:
         found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
         if len(found) != 1:
@@ -152,19 +109,7 @@ def _load_hf_dir(path: str, dtype: Any, check_finite: bool) -> tuple[dict, Model
                                   "(pickled .bin checkpoints are not read)")
         files = {}
     with contextlib.ExitStack() as stack:
-        handles: dict[str, Any] = {}
-
-        def handle(file: str) -> Any:
-            if file not in handles:
-                if not os.path.isfile(file):
-                    raise CheckpointError(f"weight file {file} is missing; restore it or re-export")
-                try:
-                    handles[file] = stack.enter_context(safe_open(file, framework="numpy"))
-                except Exception as e:  # safetensors raises its own error types
-                    raise CheckpointError(f"{file} is not a readable safetensors file ({e}); "
-                                          "re-export it") from None
-            return handles[file]
-
+        handle = SafetensorsFiles(stack)
         if not files:
             files = {n: found[0] for n in handle(found[0]).keys()}  # noqa: SIM118
 

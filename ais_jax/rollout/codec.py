@@ -11,15 +11,36 @@ to a fixed prompt bucket.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ais_jax.core.errors import UsageError
+from ais_jax.core.safe_yaml import clip
 from ais_jax.rollout.sampler import pad_prompts
 
 STYLES = ("compact", "chat")
+# ais_jax.tasks.tokenizer.DEFAULT_ALPHABET (rollout does not import tasks): named in errors
+_ASCII_ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
+
+
+def problem_location(problem: Any) -> str | None:
+    """The ``file:line`` (or ``file row N``) a problem was read from; None for a generated one."""
+    m = getattr(problem, "metadata", None)
+    if isinstance(m, Mapping):
+        if isinstance(m.get("where"), str):
+            return m["where"]
+        if m.get("source") and m.get("line"):
+            return f"{m['source']}:{m['line']}"
+    return None
+
+
+def problem_where(problem: Any, task_name: str) -> str:
+    """Where a problem comes from, for one-line errors: `problem_location`, else
+    ``task NAME, problem 'its first words...'``."""
+    return problem_location(problem) or (
+        f"task {task_name}, problem {clip(getattr(problem, 'prompt', '?'), 48)}")
 
 
 @dataclasses.dataclass
@@ -64,8 +85,21 @@ class PromptCodec:
         return self.messages_text(self.task.chat_messages(problem))
 
     def encode_prompt(self, problem: Any) -> list[int]:
-        """Prompt ids of a task problem in the codec's style."""
-        return self.encode_text(self.prompt_text(problem))
+        """Prompt ids of a task problem in the codec's style.
+
+        Raises:
+          UsageError: (compact style) a character outside the character
+            tokenizer's alphabet; names the problem (`problem_where`) and the character.
+        """
+        text = self.prompt_text(problem)
+        try:
+            return self.encode_text(text)
+        except UsageError:
+            raise
+        except ValueError:
+            if self.style != "compact":
+                raise
+            raise self._alphabet_error(text, problem, "prompt") from None
 
     def decode(self, ids: np.ndarray, mask: np.ndarray) -> str:
         """Text of one completion: ``ids [N]`` where ``mask [N] > 0``, EOS dropped."""
@@ -79,8 +113,30 @@ class PromptCodec:
         """Target ids of the supervised warm start (compact style): answer + EOS.
 
         ``answer`` replaces ``problem.answer`` (a flawed demonstration).
+
+        Raises:
+          UsageError: a character outside the character tokenizer's alphabet.
         """
-        return self.tokenizer.encode(problem.answer if answer is None else answer, add_eos=True)
+        text = problem.answer if answer is None else answer
+        try:
+            return self.tokenizer.encode(text, add_eos=True)
+        except ValueError:
+            raise self._alphabet_error(text, problem, "answer") from None
+
+    def _alphabet_error(self, text: str, problem: Any, what: str) -> UsageError:
+        """The one-line error of ``text`` (a problem's prompt or answer) holding a character
+        the character tokenizer cannot encode."""
+        known = set(getattr(self.tokenizer, "alphabet", ""))
+        c = next((c for c in text if c not in known), "?")
+        alphabet = getattr(self.tokenizer, "alphabet", "")
+        has = ("newline and printable ASCII" if alphabet == _ASCII_ALPHABET
+               else f"{len(alphabet)} characters")
+        where = problem_where(problem, getattr(self.task, "name", "?"))
+        fix = ("replace it or drop the row" if problem_location(problem) else
+               "use another task, or a pretrained model (model.source) with "
+               "task.prompt_style=chat")
+        return UsageError(f"{where}: the {what} has character {c!r} (U+{ord(c):04X}), which "
+                          f"the scratch model's character tokenizer lacks (it has {has}); {fix}")
 
     def encode_batch(self, problems: Sequence[Any], length: int) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded prompts ``([B, length] int32 ids, [B, length] bool mask)``.

@@ -8,8 +8,9 @@ JSON dict (the config, ...).
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp`` and renames
 it to ``<step>`` only once every file is written, and it lists only renamed
 (finalized) steps; so a crash mid-save leaves the previous latest checkpoint
-as the latest.  `save` blocks until the rename (unless ``block=False``), so a
-SIGKILL after it returns leaves a complete checkpoint.
+as the latest.  `save` blocks until the rename, so a SIGKILL after it returns
+leaves a complete checkpoint; it then writes the step's checksums, checked by
+`restore` with a finite-values check of the state (`ais_jax.run.integrity`).
 
 PRNG keys: typed key arrays (``jax.random.key``) in the state are stored as
 ``jax.random.key_data`` and rebuilt with the target's key implementation on
@@ -18,21 +19,27 @@ restore; raw ``uint32`` key data is stored as it is.
 Errors: a checkpoint that cannot be restored into the target (missing or
 mismatched leaves, shapes or dtypes, corrupt files) raises `CheckpointError`
 with one line naming the step directory and the fix.  Nothing on disk is
-deleted or overwritten on an error; only ``max_to_keep`` pruning after a
-successful save deletes old steps.
+deleted or overwritten on an error; only the pruning after a successful save
+deletes old steps (the newest ``keep``, and the step a run restored, are kept).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ais_jax.core.errors import CheckpointError
+from ais_jax.core.errors import CheckpointError, storage_error
+from ais_jax.run import integrity
 
 STATE = "state"
 METADATA = "metadata"
@@ -60,14 +67,19 @@ def open_manager(out_dir: str | os.PathLike, keep: int) -> ocp.CheckpointManager
         raise CheckpointError(
             f"checkpoint path {directory} is not a directory; use a new out_dir or move it away"
         )
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    # Orbax keeps every step; `save` prunes to `keep` itself (`integrity.prune`), so that the
+    # step a run restored from is never deleted.
+    options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
+                                           cleanup_tmp_directories=True)
     handlers = {STATE: ocp.StandardCheckpointHandler(), METADATA: ocp.JsonCheckpointHandler()}
     try:
-        return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+        manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
     except OSError as e:
-        raise CheckpointError(
-            f"cannot open checkpoint directory {directory}: {e}; use a writable out_dir"
-        ) from None
+        raise (storage_error(e, directory) or CheckpointError(
+            f"cannot open checkpoint directory {directory}: {e}; use a writable out_dir")
+               ) from None
+    manager.ais_jax_keep = keep  # read by `save`
+    return manager
 
 
 def _is_key(x: Any) -> bool:
@@ -101,9 +113,11 @@ def save(
     state: Any,
     metadata: dict[str, Any] | None = None,
     *,
-    block: bool = True,
+    keep: int | None = None,
+    protect: int | None = None,
 ) -> bool:
-    """Write the train state and a JSON metadata dict as checkpoint ``step``.
+    """Write the train state and a JSON metadata dict as checkpoint ``step``; then write its
+    checksums and prune old steps (`ais_jax.run.integrity`).
 
     Args:
       manager: from `open_manager`.
@@ -111,8 +125,8 @@ def save(
       state: pytree of jax / numpy arrays and Python scalars; may be sharded.
         Typed PRNG keys are stored as their key data.
       metadata: JSON-serializable dict (e.g. ``config_to_dict(cfg)``).
-      block: wait until the checkpoint is finalized on disk (the default);
-        with False the write finishes in the background (call `wait`).
+      keep: steps kept (the newest); None: the ``keep`` of `open_manager`.
+      protect: a step never deleted by the pruning (the one the run restored).
 
     Returns:
       True if written; False if checkpoint ``step`` already exists (it is kept
@@ -121,6 +135,8 @@ def save(
     Raises:
       CheckpointError: ``step`` is older than the latest checkpoint (it would
         be pruned or mistaken for progress), or ``metadata`` is not JSON.
+      StorageError: the disk refused the write (full, quota, permissions); the
+        checkpoints written before are intact.
     """
     latest = latest_step(manager)
     if latest is not None and step < latest:
@@ -144,10 +160,68 @@ def save(
             METADATA: ocp.args.JsonSave(metadata),
         }
     )
-    saved = manager.save(step, args=args)
-    if block:
-        manager.wait_until_finished()
+    with _stderr_held() as held:
+        try:
+            saved = manager.save(step, args=args)
+            manager.wait_until_finished()
+            if saved and jax.process_index() == 0:
+                integrity.write_checksums(_step_dir(manager, step))
+        except Exception as e:  # orbax / tensorstore wrap the OSError in their own types
+            se = storage_error(e, _step_dir(manager, step))
+            if se is None:
+                raise
+            # Let orbax's background threads finish failing while stderr is held: they log
+            # the same failure many times over; the run reports it in one line.
+            with contextlib.suppress(Exception):
+                manager.wait_until_finished()
+            held.drop = True
+            raise se from None
+    integrity.prune(manager, keep or getattr(manager, "ais_jax_keep", 1), protect)
     return bool(saved)
+
+
+class _Held:
+    drop = False
+
+
+def _settle(buf: Any, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
+    """Wait until nothing more is written to ``buf`` for ``quiet_s`` (at most ``limit_s``)."""
+    t0 = last_change = time.monotonic()
+    size = os.fstat(buf.fileno()).st_size
+    while time.monotonic() - last_change < quiet_s and time.monotonic() - t0 < limit_s:
+        time.sleep(0.05)
+        now = os.fstat(buf.fileno()).st_size
+        if now != size:
+            size, last_change = now, time.monotonic()
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[_Held]:
+    """Hold what is written to file descriptor 2 (Python and C++ alike) while orbax saves;
+    write it out afterwards, unless ``drop`` was set (a storage failure, reported in one line
+    instead of the hundreds of lines orbax's and tensorstore's threads log for it)."""
+    held = _Held()
+    with contextlib.ExitStack() as stack:
+        try:
+            buf = stack.enter_context(tempfile.TemporaryFile())
+            sys.stderr.flush()
+            saved_fd = os.dup(2)
+        except OSError:  # no descriptor or no temporary space: hold nothing
+            yield held
+            return
+        os.dup2(buf.fileno(), 2)
+        try:
+            yield held
+        finally:
+            sys.stderr.flush()
+            if held.drop:  # let orbax's failing threads finish logging: quiet for 0.5 s
+                _settle(buf)
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            if not held.drop:
+                buf.seek(0)
+                while chunk := buf.read(1 << 16):
+                    os.write(2, chunk)
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
@@ -243,6 +317,7 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
             )
     key_leaves = jax.tree.map(_is_key, target)
     target_data = _keys_to_data(target)
+    integrity.verify_checksums(step_dir)
     _check_compatible(target_data, _stored_leaves(manager, step), step_dir)
     try:
         restored = manager.restore(
@@ -254,6 +329,7 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
             f"cannot restore checkpoint {step_dir} into the train state ({reason}); "
             "use a new out_dir or delete it"
         ) from e
+    integrity.check_finite(restored, step_dir)
     return jax.tree.map(
         lambda is_key, t, r: (
             jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if is_key else r
@@ -284,11 +360,6 @@ def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
             "use a new out_dir or delete it"
         ) from e
     return dict(out[METADATA] or {})
-
-
-def wait(manager: ocp.CheckpointManager) -> None:
-    """Block until background saves (``save(..., block=False)``) are finalized."""
-    manager.wait_until_finished()
 
 
 def close(manager: ocp.CheckpointManager) -> None:

@@ -15,14 +15,13 @@ or sets ``AIS_JAX_COORDINATOR=host:port``, ``AIS_JAX_NUM_PROCESSES`` and
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from collections.abc import Sequence
 
-from ais_jax.core.errors import UsageError
-from ais_jax.run import runguard
+from ais_jax.core.errors import StorageError, UsageError, storage_error
 from ais_jax.run.loop import RunResult, run
+from ais_jax.run.signals import Interrupted
 
 __all__ = ["RunResult", "main", "run"]
 
@@ -43,7 +42,23 @@ def _init_distributed(flag: bool) -> None:
         jax.distributed.initialize()
 
 
-_USER_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+def _quiet_until_exit() -> None:
+    """After a storage failure orbax's background threads go on logging it (hundreds of lines)
+    until the process exits: point file descriptor 2 at /dev/null. Only in the CLI process
+    (stderr is descriptor 2), which is about to exit with status 2, its one line printed."""
+    try:
+        if sys.stderr.fileno() != 2:
+            return
+    except (AttributeError, OSError, ValueError):  # a captured stream (tests, notebooks)
+        return
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "compiling one) to runtime.profile_dir, by default out_dir/profile")
     ap.add_argument("--distributed", action="store_true",
                     help="call jax.distributed.initialize() (multi-host)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start over in an out_dir that holds an earlier run's results but no "
+                    "checkpoint (refused otherwise)")
     args = ap.parse_args(argv)
 
     from ais_jax.config.load import format_config, load_config
@@ -74,22 +92,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_config(cfg))
             return 0
         _init_distributed(args.distributed)
-        run(cfg)
+        run(cfg, overwrite=args.overwrite)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
+        if isinstance(e, StorageError):
+            _quiet_until_exit()
         return 2
-    except OSError as e:
-        if e.errno not in _USER_OS_ERRORS:
-            raise
-        # A full disk, a quota or permissions: the user's to fix; written checkpoints are intact.
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}; free space or fix the permissions of "
-              f"{cfg.out_dir if 'cfg' in locals() else 'out_dir'}, then rerun the same command "
-              "to resume from the latest checkpoint", file=sys.stderr)
-        return 2
-    except runguard.Interrupted as e:
+    except Interrupted as e:
         print(str(e), file=sys.stderr, flush=True)
         return e.status
+    except Exception as e:
+        # A full disk, a quota, permissions or a bad path, wherever it was raised (orbax,
+        # safetensors, trackers): the user's to fix; written checkpoints are intact.
+        se = storage_error(e, cfg.out_dir if "cfg" in locals() else None)
+        if se is None:
+            raise
+        print(f"error: {_one_line(se)}", file=sys.stderr, flush=True)
+        _quiet_until_exit()
+        return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the latest checkpoint",
               file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ais_jax.core.errors import UsageError
+from ais_jax.core.errors import CheckpointError, UsageError
 
 
 def load(path: str, dtype: Any) -> tuple[dict, Any, Any]:
@@ -27,12 +27,16 @@ def load(path: str, dtype: Any) -> tuple[dict, Any, Any]:
     run (``char_tokenizer.json``), else the directory's HF tokenizer.
 
     Raises:
-      UsageError: a bad config / tensor or a missing tokenizer (one line).
+      UsageError: a bad config or a missing tokenizer; `CheckpointError` (a
+        UsageError): unreadable, truncated or mis-indexed files, a missing or
+        mis-shaped tensor, or one holding NaN / inf (one line each).
     """
     from ais_jax.models.llada.checkpoint import load as load_ckpt
 
     try:
         params, cfg = load_ckpt(path, dtype)
+    except CheckpointError:
+        raise  # already one line naming the file or tensor
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: {str(e).splitlines()[0]}") from None
     if os.path.isfile(os.path.join(path, "char_tokenizer.json")):

@@ -24,7 +24,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ais_jax.run import runguard
+from ais_jax.core.errors import storage_error
+from ais_jax.run import results, runguard
+from ais_jax.run.signals import Interrupted, StopFlag
 
 
 @dataclasses.dataclass
@@ -38,7 +40,8 @@ class RunResult:
     resumed_from: int | None
 
 
-def run(cfg: Any, reward_fns: Any = None, dataset: Any = None) -> RunResult:
+def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
+        overwrite: bool = False) -> RunResult:
     """Run (or resume) the training job described by ``cfg`` (an `ais_jax.config.schema.Config`).
 
     Args:
@@ -48,12 +51,14 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None) -> RunResult:
         ``__name__``); ``reward.weights`` applies (`ais_jax.tasks.user_rewards`).
       dataset: training rows (a list of dicts or a ``datasets.Dataset``) for the
         dataset task, replacing ``task.train_file`` (`ais_jax.tasks.user_dataset`).
+      overwrite: start over in an ``out_dir`` that holds an earlier run's results but no
+        checkpoint (otherwise refused; `ais_jax.run.results.check_fresh_out_dir`).
 
     Raises:
       UsageError: bad input, ``out_dir`` in use by another run (`ais_jax.run.runguard`),
-        or a resume under a changed config.
-      runguard.Interrupted: SIGTERM / SIGINT during the GRPO loop; the step in
-        flight was finished and checkpointed.
+        a resume under a changed config, or the disk refusing a write (`StorageError`).
+      Interrupted: SIGTERM / SIGINT (`ais_jax.run.signals`): during the GRPO loop the step
+        in flight was finished and checkpointed; during the warm start nothing was written.
     """
     import jax
 
@@ -62,9 +67,14 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None) -> RunResult:
     trackers.parse_backends(cfg.log)  # bad log.backends: fail before any work
     runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
     is_main = jax.process_index() == 0
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    with runguard.RunLock(cfg.out_dir) if is_main else contextlib.nullcontext():
-        return _run_locked(cfg, is_main, reward_fns, dataset)
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+    except OSError as e:
+        raise (storage_error(e, cfg.out_dir) or e) from None
+    stop = StopFlag()
+    with stop.installed(), runguard.RunLock(cfg.out_dir) if is_main else \
+            contextlib.nullcontext():
+        return _run_locked(cfg, is_main, reward_fns, dataset, overwrite, stop)
 
 
 @dataclasses.dataclass
@@ -77,9 +87,11 @@ class _Job:
     is_main: bool  # process 0: writes metrics, trackers and the export
     use_ref: bool  # train.beta_kl > 0: the KL reference travels with every checkpoint
     config: dict[str, Any]  # the flat config stored with each checkpoint
+    stop: StopFlag
     state: Any = None
     ref_params: Any = None
     eval_before: dict[str, Any] | None = None
+    protect: int | None = None  # the restored checkpoint: never pruned by checkpoint.keep
 
     def payload(self, state: Any, ref: Any) -> Any:
         """What a checkpoint holds: the train state, and the KL reference when used."""
@@ -90,43 +102,53 @@ class _Job:
 
         return ckpt.save(self.manager, step, self.payload(self.state, self.ref_params),
                          {"eval_before": self.eval_before, "prompt_bucket": self.r.prompt_bucket,
-                          "config": self.config})
+                          "config": self.config}, keep=self.cfg.checkpoint.keep,
+                         protect=self.protect)
 
 
-def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
-                dataset: Any = None) -> RunResult:
+def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrite: bool,
+                stop: StopFlag) -> RunResult:
     import jax
 
     from ais_jax.run import checkpoint as ckpt
-    from ais_jax.run.trackers import truncate_rows
+    from ais_jax.run.trackers import Trackers, truncate_rows
     from ais_jax.training.build import build_run
     from ais_jax.training.evaluation import make_evaluator
     from ais_jax.training.placement import to_host
 
     out_dir, steps = cfg.out_dir, cfg.train.steps
     manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    metrics_path = os.path.join(out_dir, results.METRICS)
     last, meta = runguard.latest_readable_meta(ckpt, manager)
-    if last is not None:
+    if last is None:
+        results.check_fresh_out_dir(out_dir, overwrite)
+    else:
         runguard.check_resume_config(meta, cfg, last, out_dir)
-        summary = os.path.join(out_dir, "summary.json")
-        if last > steps or (last == steps and os.path.exists(summary)):
+        # Done only when the results name a step >= train.steps and >= the latest checkpoint
+        # (with checkpoint.every=0 only checkpoint 0 is kept besides the results).
+        if results.finished(out_dir, max(steps, last)):
             ckpt.close(manager)
-            return _already_done(cfg, last, meta, summary, metrics_path)
+            return _already_done(cfg, last, meta, metrics_path)
     r = build_run(cfg, reward_fns, dataset)
     evaluate, eval_fn = make_evaluator(r)
-    job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0, runguard.flat_config(cfg))
-    start = _start(job, last is not None, evaluate)
-    # Complete lines of steps <= start only: a torn line or later steps are dropped.
-    history = runguard.truncate_metrics(metrics_path, start or 0, rewrite=is_main)
-    if is_main:
-        truncate_rows(out_dir, start or 0)
-    if start is None:
-        job.save(0)
-    _grpo_loop(job, start or 0, evaluate, history, metrics_path)
+    job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0, runguard.flat_config(cfg), stop)
+    writer = Trackers(cfg, job.config, enabled=is_main)  # opens (or fails) before any work
+    try:
+        start = _start(job, last is not None, evaluate)
+        # Complete lines of steps <= start only: a torn line or later steps are dropped.
+        history = runguard.truncate_metrics(metrics_path, start or 0, rewrite=is_main)
+        if is_main:
+            truncate_rows(out_dir, start or 0)
+        if start is None:
+            job.save(0)
+        _grpo_loop(job, start or 0, evaluate, history, metrics_path, writer)
+    finally:
+        writer.close()
+    stop.phase = "finish"
+    final_step = max(steps, start or 0)
     eval_after = evaluate(job.state.params)
-    if cfg.checkpoint.every and steps % cfg.checkpoint.every:
-        job.save(steps)
+    if cfg.checkpoint.every and final_step % cfg.checkpoint.every:
+        job.save(final_step)
     ckpt.close(manager)
     compiles = {"rollout": r.fns.rollout._cache_size(), "update": r.fns.update._cache_size(),
                 "score": r.fns.score._cache_size(),  # 0 when never called
@@ -135,7 +157,10 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any = None,
     params = job.state.params
     final_params = to_host(params) if jax.process_count() > 1 else params
     if is_main:
-        _finish(cfg, r, final_params, job.eval_before, eval_after, compiles)
+        _finish(cfg, r, final_params, job.eval_before, eval_after, compiles, final_step)
+    if stop.signum:
+        print(f"received {signal.Signals(stop.signum).name} after the last step: the results "
+              "are complete", file=sys.stderr, flush=True)
     return RunResult(history, job.eval_before, eval_after, compiles,
                      start if start else None)
 
@@ -154,27 +179,29 @@ def _start(job: _Job, resume: bool, evaluate: Any) -> int | None:
         runguard.check_resume_config(meta, cfg, start, cfg.out_dir)
         job.state, job.ref_params = restored if job.use_ref else (restored, None)
         job.eval_before = meta.get("eval_before")
+        job.protect = start
         r.prompt_bucket = int(meta.get("prompt_bucket", r.prompt_bucket))
         print(f"resumed from step {start} in {cfg.out_dir}", flush=True)
+        job.stop.phase = "grpo"
         return start
-    job.state, job.eval_before = _before_grpo(r, r.state, evaluate, job.is_main)
+    job.state, job.eval_before = _before_grpo(job, evaluate)
     job.ref_params = jax.tree.map(jnp.copy, job.state.params) if job.use_ref else None
     return None
 
 
 def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any]],
-               metrics_path: str) -> None:
+               metrics_path: str, writer: Any) -> None:
     """GRPO steps ``start .. train.steps - 1``: step, log, evaluate, checkpoint; a SIGTERM /
-    SIGINT finishes the step in flight, checkpoints it and raises `runguard.Interrupted`."""
+    SIGINT finishes the step in flight, checkpoints it and raises `Interrupted`."""
     import jax
 
     from ais_jax.run import checkpoint as ckpt
     from ais_jax.run import runtime
-    from ais_jax.run.trackers import Trackers, samples_hook, write_rows
+    from ais_jax.run.trackers import samples_hook, write_rows
     from ais_jax.training.rl import make_rl_step
 
     cfg, r, steps = job.cfg, job.r, job.cfg.train.steps
-    writer = Trackers(cfg, job.config, enabled=job.is_main)
+    job.stop.phase = "grpo"
     rl_step = make_rl_step(r, job.ref_params)
     root = jax.random.key(cfg.seed)
     if cfg.train.rng_stream:  # another key stream: same problems, warm start and evaluation
@@ -183,8 +210,7 @@ def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any
     loop = bar(range(start, steps)) if bar else range(start, steps)
     profiler = runtime.StepProfiler(cfg.runtime, start, job.is_main, jax.process_index(),
                                     jax.process_count())
-    stop = runguard.StopFlag()
-    with profiler, stop.installed():  # the trace is stopped even if a step fails
+    with profiler:  # the trace is stopped even if a step fails
         for step in profiler.steps(loop):
             t0 = time.perf_counter()
             problems = r.train_problems(0, step, cfg.rollout.prompts_per_step)
@@ -205,49 +231,63 @@ def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any
                 _log(record, metrics_path, writer, loop, rows)
             if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                 job.save(step + 1)
-            signum = stop.agreed()
+            signum = job.stop.agreed()
             if signum:  # finish the step, checkpoint it, stop with status 128 + signum
                 job.save(step + 1)
                 ckpt.close(job.manager)
-                writer.close()
-                raise runguard.Interrupted(signum, (
+                raise Interrupted(signum, (
                     f"stopped by {signal.Signals(signum).name} after step {step + 1}; checkpoint "
                     f"saved in {job.manager.directory}/{step + 1}; rerun the same command to "
                     "resume"))
-    writer.close()
 
 
-def _already_done(cfg: Any, last: int, meta: dict[str, Any], summary: str,
-                  metrics_path: str) -> RunResult:
-    """The result of a run whose checkpoints reached ``train.steps``; nothing is rewritten."""
-    print(f"{cfg.out_dir} already holds step {last} (train.steps={cfg.train.steps}); nothing to "
-          "do, its results are kept (raise train.steps to train further)", flush=True)
-    after = None
-    with contextlib.suppress(OSError, ValueError), open(summary) as f:
-        after = json.load(f).get("eval_after")
+def _already_done(cfg: Any, last: int, meta: dict[str, Any], metrics_path: str) -> RunResult:
+    """The result of a run whose results are complete for its latest checkpoint; nothing is
+    rewritten."""
+    s = results.read_summary(cfg.out_dir) or {}
+    print(f"{cfg.out_dir} already holds the results of step {s.get('step', last)} "
+          f"(train.steps={cfg.train.steps}); nothing to do, they are kept (raise train.steps "
+          "to train further)", flush=True)
     history = runguard.truncate_metrics(metrics_path, last, rewrite=False)
-    return RunResult(history, meta.get("eval_before"), after, {}, last)
+    return RunResult(history, meta.get("eval_before"), s.get("eval_after"), {}, last)
 
 
-def _before_grpo(r: Any, state: Any, evaluate: Any, is_main: bool) -> tuple[Any, dict]:
+def _before_grpo(job: _Job, evaluate: Any) -> tuple[Any, dict]:
     """A fresh run: the warm start (scratch models), then the held-out evaluation before GRPO.
 
     The warm start's checks and stopping step go to ``out_dir/warm_start.json``
-    (and ``summary.json``'s ``warm_start`` at the end).
+    (and ``summary.json``'s ``warm_start`` at the end). A signal stops the warm start after
+    its current step; nothing is checkpointed then (`Interrupted`).
     """
     from ais_jax.training.warmstart import WarmStartLog, warm_start
 
+    r, state, stop = job.r, job.r.state, job.stop
+    if stop.agreed():
+        _stopped_before_grpo(stop.signum or 0, "before the warm start")
+    stop.phase = "warm start"
     if r.fns.sft is not None:
-        bar = _progress_fn("sft", r.cfg.log.progress and is_main)
+        bar = _progress_fn("sft", r.cfg.log.progress and job.is_main)
         log = WarmStartLog()
-        state = state._replace(params=warm_start(r, state.params, bar, log=log))
-        if is_main:
+        state = state._replace(params=warm_start(r, state.params, bar, log=log,
+                                                 stop=stop.agreed))
+        if stop.signum:
+            _stopped_before_grpo(stop.signum, f"during the warm start, after its step "
+                                 f"{log.steps_run}")
+        if job.is_main:
             _report_warm_start(r.cfg, log)
     eval_before = evaluate(state.params)
-    if is_main:
+    if stop.agreed():
+        _stopped_before_grpo(stop.signum or 0, "during the evaluation before GRPO")
+    if job.is_main:
         print(f"held-out accuracy before GRPO: {_fmt_eval(eval_before)} "
               f"(n={eval_before['n']})", flush=True)
     return state, eval_before
+
+
+def _stopped_before_grpo(signum: int, when: str) -> None:
+    raise Interrupted(signum, (
+        f"stopped by {signal.Signals(signum).name} {when}; nothing was checkpointed yet (the "
+        "warm start is not): rerun the same command to start the run again"))
 
 
 def _report_warm_start(cfg: Any, log: Any) -> None:
@@ -278,30 +318,32 @@ def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
 
 
 def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
-            compiles: dict[str, int]) -> None:
-    """Export the final policy (HF directory + tokenizer), write summary.json, print the result."""
+            compiles: dict[str, int], step: int) -> None:
+    """Export the final policy (HF directory + tokenizer) atomically, then write summary.json
+    (naming ``step``), then print the result (`ais_jax.run.results`)."""
     from ais_jax.models.pretrained import save_pretrained
     from ais_jax.training.placement import to_host as to_host_tree
 
-    final = os.path.join(cfg.out_dir, "final")
-    if r.is_llada:
-        from ais_jax.models.llada.checkpoint import save as save_llada
+    def save(directory: str) -> None:
+        if r.is_llada:
+            from ais_jax.models.llada.checkpoint import save as save_llada
 
-        save_llada(final, to_host_tree(params), r.model_cfg)
-    else:
-        save_pretrained(params, r.model_cfg, final)
-    tok = r.codec.tokenizer
-    if hasattr(tok, "save"):
-        tok.save(final)
-    elif hasattr(tok, "save_pretrained"):
-        tok.save_pretrained(final)
-    summary = {"eval_before": eval_before, "eval_after": eval_after, "compiles": compiles,
-               "steps": cfg.train.steps}
+            save_llada(directory, to_host_tree(params), r.model_cfg)
+        else:
+            save_pretrained(params, r.model_cfg, directory)
+        tok = r.codec.tokenizer
+        if hasattr(tok, "save"):
+            tok.save(directory)
+        elif hasattr(tok, "save_pretrained"):
+            tok.save_pretrained(directory)
+
+    final = results.export_final(cfg.out_dir, save)
+    summary = {"step": step, "eval_before": eval_before, "eval_after": eval_after,
+               "compiles": compiles, "steps": cfg.train.steps}
     with contextlib.suppress(OSError, ValueError), open(
             os.path.join(cfg.out_dir, "warm_start.json")) as f:
         summary["warm_start"] = json.load(f)  # written by _before_grpo, kept across resumes
-    with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    results.write_json_atomic(os.path.join(cfg.out_dir, results.SUMMARY), summary)
     print(f"held-out accuracy after GRPO: {_fmt_eval(eval_after)} (before: "
           f"{_fmt_eval(eval_before)}); policy exported to {final}", flush=True)
 

@@ -23,7 +23,9 @@ depend on the advantages.
 that the CLI runs without files.  Prompts come from ``--prompts FILE`` (one
 prompt per line) or a built-in task's generator (``--task``); with an HF
 tokenizer that has a chat template they are wrapped as one user message.
-Bad input prints one line on stderr and exits with status 2.
+Bad input prints one line on stderr and exits with status 2; so do weights
+holding NaN / inf (refused on load) and diagnostics that come out non-finite
+(`check_finite_results`), instead of a table of ``nan``.
 """
 
 from __future__ import annotations
@@ -155,6 +157,31 @@ def load_model(path: str, dtype: Any, seed: int):
 # ----------------------------------------------------------------------------- main
 
 
+def check_finite_results(out: dict) -> None:
+    """Refuse diagnostics that are not finite instead of printing ``nan``.
+
+    Args:
+      out: the result of `run` (or `ais_jax.run.llada_mismatch.run`).
+
+    Raises:
+      UsageError: an arm's statistic is NaN or inf (one line naming the arm and
+        the statistics): the log-probs were not finite, i.e. weights that overflow
+        the trainer / rollout precision (non-finite weights are refused on load).
+    """
+    for arm, stats in out["arms"].items():
+        if stats.get("num_tokens") == 0:
+            raise UsageError(f"arm {arm!r} of {out['model']}: no completion tokens were scored; "
+                             "raise --max-new-tokens")
+        bad = [k for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise UsageError(f"arm {arm!r} of {out['model']}: non-finite results "
+                             f"({', '.join(bad[:3])}{more}): the log-probs hold NaN or inf; "
+                             "check the weights for values that overflow "
+                             f"{out['trainer_dtype']} / the rollout format (or try "
+                             "--dtype float32)")
+
+
 def run(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
@@ -216,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         out = run(args)
+        check_finite_results(out)
     except UsageError as e:
         print(f"mismatch: error: {e}", file=sys.stderr)
         return 2

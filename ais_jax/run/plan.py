@@ -44,6 +44,11 @@ if TYPE_CHECKING:  # jax is imported only after the device count is set (see `ma
 
 DEFAULT_PROMPT_LEN = 256
 DEFAULT_DEVICE_MEMORY = "80GB"
+# JAX creates every simulated CPU device up front (8,192 take about a minute and 1 GB here;
+# 100,000 crash it), so larger counts are refused before any is made.
+MAX_DEVICES = 65_536
+
+
 def load_plan_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
     """`ais_jax.config.load.load_config` without the path checks (model and data need not exist).
 
@@ -92,6 +97,48 @@ def configure_devices(n: int) -> None:
     elif jax.device_count() != n:
         raise UsageError(f"jax is already initialized with {jax.device_count()} devices, not "
                          f"--devices {n}; run the plan in a fresh process")
+
+
+def check_devices(n: int, cfg: Config) -> None:
+    """``--devices``: at least 1, at most `MAX_DEVICES`, a multiple of the mesh's size.
+
+    Checked before JAX creates any device (`configure_devices`).
+
+    Raises:
+      UsageError: one line naming the count, the limit or the mesh, and the fix.
+    """
+    m = cfg.mesh
+    need = m.data * m.fsdp * m.tensor
+    if n < 1:
+        raise UsageError(f"--devices must be >= 1, got {n}")
+    if n > MAX_DEVICES:
+        raise UsageError(f"--devices {n} is more than the {MAX_DEVICES:,} a plan can simulate; "
+                         f"use the mesh's size (mesh.data x mesh.fsdp x mesh.tensor = {need}): "
+                         "devices outside the mesh do not change the memory per device")
+    if need > n:
+        raise UsageError(f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} needs {need} "
+                         f"devices but only {n} are given (--devices {n}); raise --devices or "
+                         "lower the mesh sizes")
+    if n % need:
+        raise UsageError(f"--devices {n} is not a multiple of the mesh's {need} devices "
+                         f"(mesh.data={m.data} x mesh.fsdp={m.fsdp} x mesh.tensor={m.tensor}); "
+                         f"use --devices {need}")
+
+
+def check_prompt_len(prompt_len: int, cfg: Config, model_cfg: ModelConfig) -> None:
+    """``--prompt-len`` plus ``rollout.max_new_tokens`` must fit the model's positions.
+
+    Raises:
+      UsageError: a prompt length < 1, or one the model's ``max_position_embeddings``
+        cannot hold with the new tokens (names the largest that fits).
+    """
+    if prompt_len < 1:
+        raise UsageError(f"--prompt-len must be >= 1, got {prompt_len}")
+    n_new, max_pos = cfg.rollout.max_new_tokens, model_cfg.max_position_embeddings
+    if prompt_len + n_new > max_pos:
+        raise UsageError(f"--prompt-len {prompt_len} + rollout.max_new_tokens={n_new} exceeds "
+                         f"the model's {max_pos} positions; use --prompt-len <= "
+                         f"{max(max_pos - n_new, 0)}")
 
 
 def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
@@ -260,19 +307,19 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
       ``mesh``, ``shapes``, ``analytic``, ``rollout_resident_peak_bytes``.
 
     Raises:
-      UsageError: unknown model source, too few devices, indivisible batch.
+      UsageError: unknown model source, too few devices, indivisible batch, a
+        prompt length the model's positions cannot hold (`check_prompt_len`).
     """
     import jax
 
     from ais_jax.training import build
     from ais_jax.training import sharding as shd
 
-    if prompt_len < 1:
-        raise UsageError(f"--prompt-len must be >= 1, got {prompt_len}")
     if build.model_kind(cfg) == "llada":
         raise UsageError("the memory plan models the autoregressive update only, not a LLaDA "
                          "policy (model.kind=llada); see docs/llada.md, 'Not built yet'")
     model_cfg, origin = resolve_model_config(cfg)
+    check_prompt_len(prompt_len, cfg, model_cfg)
     mesh = build.build_mesh(cfg)
     _check_batch(cfg, shd.batch_divisor(mesh))
     optimizer, _ = build.build_optimizers(cfg)
@@ -334,6 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_plan_config(args.config or DEFAULT_CONFIG_PATH, args.overrides)
         devices = (args.devices if args.devices is not None
                    else cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor)
+        check_devices(devices, cfg)  # before JAX makes any device or compiles anything
+        check_prompt_len(args.prompt_len, cfg, resolve_model_config(cfg)[0])
         configure_devices(devices)
         plan = make_plan(cfg, devices, memory, args.prompt_len)
     except UsageError as e:

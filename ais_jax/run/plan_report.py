@@ -39,14 +39,20 @@ def parse_bytes(text: str) -> int:
 
     Raises:
       UsageError: not a positive number with an optional B / KB / MB / GB / TB /
-        KiB / MiB / GiB / TiB unit.
+        KiB / MiB / GiB / TiB unit, or a size that is not finite (``1e400GB``)
+        or under one byte.
     """
+    shown = str(text)[:40]
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
-        raise UsageError(f"--device-memory {text!r} is not a size; write e.g. 80GB, 16GiB or "
+        raise UsageError(f"--device-memory {shown!r} is not a size; write e.g. 80GB, 16GiB or "
                          "a number of bytes")
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(size) or size < 1:
+        raise UsageError(f"--device-memory {shown!r} is not a finite size of at least one byte; "
+                         "write e.g. 80GB or 16GiB")
+    return int(size)
 
 
 def device_bytes(tree: Any) -> int:

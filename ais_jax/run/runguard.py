@@ -13,8 +13,7 @@
   steps are reported in one line and moved aside (never deleted).
 * `append_record` / `truncate_metrics`: ``metrics.jsonl`` holds whole lines
   only (flush + fsync per line; a resume rewrites it atomically).
-* `StopFlag`: SIGTERM / SIGINT during the GRPO loop finish the current step;
-  `Interrupted` carries the exit status ``128 + signum``.
+* Signals (SIGTERM / SIGINT) are `ais_jax.run.signals`'.
 """
 
 from __future__ import annotations
@@ -24,13 +23,12 @@ import datetime
 import fnmatch
 import json
 import os
-import signal
 import socket
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from ais_jax.core.errors import CheckpointError, UsageError
+from ais_jax.run.results import json_safe
 
 LOCK_NAME = "run.lock"
 # Config keys that may differ between a checkpoint and the run resuming it: they
@@ -279,9 +277,13 @@ def _reason(e: Exception) -> str:
 
 
 def append_record(path: str, record: dict[str, Any]) -> None:
-    """Append one JSON line and make it durable (flush + fsync) before returning."""
+    """Append one JSON line and make it durable (flush + fsync) before returning.
+
+    Non-finite floats are written as ``null`` (`ais_jax.run.results.json_safe`), so every
+    line is valid JSON.
+    """
     with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -320,72 +322,3 @@ def truncate_metrics(path: str, upto: int, rewrite: bool = True) -> list[dict[st
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return kept
-
-
-# ----------------------------------------------------------------------------- signals
-
-
-class Interrupted(Exception):  # noqa: N818 - it is not an error
-    """The run stopped on a signal after saving a checkpoint; ``status`` is 128 + signum."""
-
-    def __init__(self, signum: int, message: str) -> None:
-        """Args:
-        signum: the signal received.
-        message: the one line to print.
-        """
-        super().__init__(message)
-        self.signum = signum
-        self.status = 128 + signum
-
-
-class StopFlag:
-    """Handlers for SIGTERM and SIGINT that only record the signal (main thread only).
-
-    A second signal of the same kind stops at once (KeyboardInterrupt for
-    SIGINT, exit status 143 for SIGTERM).
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        """No handler is installed until the context is entered."""
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum == signum:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
-        self.signum = signum
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopFlag]:
-        """Install the handlers for the ``with`` block; the previous ones come back after."""
-        try:
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        except ValueError:  # not the main thread: keep the default behaviour
-            pass
-        try:
-            yield self
-        finally:
-            for s, old in self._old.items():
-                signal.signal(s, old)
-            self._old.clear()
-
-    def agreed(self) -> int | None:
-        """The received signal or None; with several processes, the largest any received.
-
-        Every process must call it at the same point (a collective when
-        ``jax.process_count() > 1``), so that all of them stop after the same step.
-        """
-        signum = self.signum or 0
-        import jax
-
-        if jax.process_count() > 1:
-            import numpy as np
-            from jax.experimental import multihost_utils
-
-            signum = int(np.max(multihost_utils.process_allgather(np.int32(signum))))
-        return signum or None

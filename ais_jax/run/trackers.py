@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ais_jax.core.errors import UsageError
+from ais_jax.core.errors import UsageError, storage_error
+from ais_jax.run.results import json_safe
 
 BACKENDS = ("jsonl", "tensorboard", "wandb", "trackio")
 WANDB_MODES = ("offline", "online")
@@ -103,13 +104,27 @@ class Trackers:
         self.tb: Any = None
         self.wandb: Any = None  # the wandb run
         self.trackio: Any = None
-        if "tensorboard" in self.names:
+        for name in self.names:
+            try:
+                self._open(name, cfg, config)
+            except UsageError:
+                raise
+            except Exception as e:  # e.g. wandb online without a login: fail before any work
+                se = storage_error(e, cfg.out_dir)
+                if se is not None:
+                    raise se from None
+                msg = " ".join(str(e).split())[:200] or type(e).__name__
+                raise UsageError(f"log.backends: {name} could not start ({type(e).__name__}: "
+                                 f"{msg}); fix its setup or drop it from log.backends") from None
+
+    def _open(self, name: str, cfg: Any, config: dict[str, Any]) -> None:
+        if name == "tensorboard":
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(os.path.join(cfg.out_dir, "tb"))
-        if "wandb" in self.names:
+        elif name == "wandb":
             self._wandb_init(_import("wandb"), cfg, config)
-        if "trackio" in self.names:
+        elif name == "trackio":
             self.trackio = _import("trackio")
             self.trackio.init(project=cfg.log.wandb_project, config=config,
                               name=os.path.basename(os.path.abspath(cfg.out_dir)))
@@ -226,7 +241,7 @@ def completions_path(out_dir: str) -> str:
 def write_rows(out_dir: str, rows: Sequence[dict[str, Any]]) -> None:
     """Append completion rows to ``out_dir/completions.jsonl`` (whole lines, fsynced)."""
     with open(completions_path(out_dir), "a") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+        f.writelines(json.dumps(json_safe(row), allow_nan=False) + "\n" for row in rows)
         f.flush()
         os.fsync(f.fileno())
 

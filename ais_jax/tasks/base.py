@@ -73,6 +73,10 @@ class Task:
         when the mistake does not arise.  Used by the supervised warm start to
         imitate an imperfect demonstrator (``sft.mistake_rate``).
       description: one line for listings.
+      pool: for a task over a finite set of problems (a dataset file), ``() ->
+        list[Problem]``: every problem ``generate`` can return, both splits, so
+        a run can check them all when it is built (prompt length, characters);
+        ``None`` for generated tasks.
     """
 
     name: str
@@ -85,6 +89,7 @@ class Task:
     score: Callable[[str, Problem], float] | None = None
     mistake: Callable[[Problem], str] | None = None
     description: str = ""
+    pool: Callable[[], list[Problem]] | None = None
 
 
 def key_hash(task_name: str, key: str) -> str:

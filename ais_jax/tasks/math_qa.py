@@ -203,7 +203,8 @@ def _line(raw: bytes, lineno: int, path: Path, fmt: str) -> base.Problem | None:
 
 def _pool_generator(
     name: str, train: Sequence[base.Problem], eval_: Sequence[base.Problem] | None
-) -> Callable[..., list[base.Problem]]:
+) -> tuple[Callable[..., list[base.Problem]], Callable[[], list[base.Problem]]]:
+    """``(generate, pool)``: the task's ``generate`` and its `base.Task.pool`."""
     if eval_ is None:
         pools = {
             s: [p for p in train if base.split_of(name, canonical_text(p.prompt)) == s]
@@ -230,7 +231,7 @@ def _pool_generator(
         random.Random(seed).shuffle(order)
         return [pool[i] for i in order[:count]]
 
-    return generate
+    return generate, lambda: pools["train"] + pools["eval"]
 
 
 def dataset_task(
@@ -257,17 +258,19 @@ def dataset_task(
       reproducibly and returns ``n`` problems (all when None).
     """
     extra = resolve_equivalence(equivalence)
+    generate, pool = _pool_generator(name, train, eval_problems)
 
     def verify_(text: str, problem: base.Problem) -> bool:
         return answers_equal(extract(text), problem.answer, extra=extra)
 
     return base.Task(
         name=name,
-        generate=_pool_generator(name, train, eval_problems),
+        generate=generate,
         compact_prompt=compact_prompt,
         chat_messages=chat_messages,
         extract=extract,
         verify=verify_,
         format_ok=format_ok,
         description=f"{name}: {len(train)} loaded math problems.",
+        pool=pool,
     )

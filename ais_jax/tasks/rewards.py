@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,6 +64,9 @@ def _fn_name(fn: Callable[..., object]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def call_user_reward(fn: UserReward, completion: str, problem: Problem) -> float:
     """Call a user reward function and check that it returned a finite number.
 
@@ -78,16 +81,30 @@ def call_user_reward(fn: UserReward, completion: str, problem: Problem) -> float
     except Exception as e:
         raise RuntimeError(f"user reward function {name} raised {type(e).__name__}: {e}") from e
     if isinstance(value, str | bytes) or value is None:
-        raise TypeError(f"user reward function {name} returned {value!r:.80}; expected a float.")
+        raise TypeError(f"user reward function {name} returned {_shown(value)}; expected a float.")
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except OverflowError:  # an int beyond float64, e.g. 10**400
+        raise ValueError(f"user reward function {name} returned {_shown(value)}, beyond float32; "
+                         "expected a finite float.") from None
+    except Exception:  # not a number, or a __float__ that raises
         raise TypeError(
-            f"user reward function {name} returned {value!r:.80}; expected a float."
+            f"user reward function {name} returned {_shown(value)}; expected a float."
         ) from None
     if not math.isfinite(out):
         raise ValueError(f"user reward function {name} returned {out}; expected a finite float.")
+    if abs(out) > FLOAT32_MAX:  # rewards are float32 on the device: 1e308 would become inf
+        raise ValueError(f"user reward function {name} returned {out:g}, beyond float32 "
+                         f"(|r| <= {FLOAT32_MAX:.4g}); expected a finite float.")
     return out
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 80 characters, or its type when even repr fails."""
+    try:
+        return f"{value!r:.80}"
+    except Exception:
+        return f"a {type(value).__name__}"
 
 
 def correctness(task: Task, completion: str, problem: Problem,

@@ -32,6 +32,15 @@ Checkers (``task.checker``), applied to the completion's final answer as
   warning, and the built-in rules only);
 * ``none``: never correct; rewards come from ``reward.functions`` only.
 
+Bad rows stop the run at load with one line naming the file and the 1-based
+line (``data.jsonl:7:``; CSV lines count the header; ``row N`` for parquet, a
+saved dataset, a JSON array or rows passed in): a missing or empty prompt or
+answer, and with ``checker=numeric`` an answer that is not a number
+(`rows_to_problems`).  A file ``datasets`` cannot read is one line with the
+reader's own reason (`load_rows`).  Prompts the model cannot take (too long
+for its positions, characters outside a scratch model's alphabet) are refused
+when the run is built (`ais_jax.training.build.check_problems`).
+
 Splits: with an eval file, train problems whose text also appears there are
 dropped; without one, about 10% of the problems (by a hash of their text) are
 held out.  Training draws cycle through the shuffled train pool, so a small
@@ -41,9 +50,14 @@ file serves any number of steps; evaluation uses at most the whole eval pool.
 
 from __future__ import annotations
 
+import csv
+import decimal
+import json
+import logging
 import math
 import os
 import random
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,8 +75,14 @@ _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "
 def load_rows(path: str, key: str = "task.train_file") -> list[dict[str, Any]]:
     """The rows of a JSONL / JSON / parquet / CSV file or a saved HF dataset directory.
 
+    The ``datasets`` library's logger and progress bars are silenced for the
+    duration of the call (and restored after it): the reason a file cannot be
+    read is in the raised error, not in extra lines on stderr.
+
     Raises:
-      UsageError: an unknown extension, or a file ``datasets`` cannot read.
+      UsageError: an unknown extension, an empty file (``has no rows``), or a
+        file ``datasets`` cannot read: one line with the underlying reason
+        (the first bad line of a JSON lines file as ``file:line``).
     """
     ext = os.path.splitext(path)[1].lower()
     if not os.path.isdir(path) and ext not in _BUILDERS:
@@ -75,8 +95,13 @@ def load_rows(path: str, key: str = "task.train_file") -> list[dict[str, Any]]:
                          "datasets") from None
     from datasets.utils import logging as ds_logging
 
+    if os.path.isfile(path) and _is_blank(path):
+        raise UsageError(_no_rows(key, path))
     bars = ds_logging.is_progress_bar_enabled()
     ds_logging.disable_progress_bar()  # stderr stays clean: errors are one line
+    logger = logging.getLogger("datasets")  # the library's root logger (its own handler)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)  # the reason is in the error raised below
     try:
         if os.path.isdir(path):
             ds = datasets.load_from_disk(path)
@@ -84,14 +109,146 @@ def load_rows(path: str, key: str = "task.train_file") -> list[dict[str, Any]]:
                 ds = ds["train"] if "train" in ds or len(ds) != 1 else next(iter(ds.values()))
         else:
             ds = datasets.load_dataset(_BUILDERS[ext], data_files=path, split="train")
-        return [dict(r) for r in ds]
+        rows = [dict(r) for r in ds]
     except Exception as e:  # any reader failure is the file's fault
-        text = " ".join(str(e).split())[:160]
-        raise UsageError(f"{key} {clip(path)} cannot be read ({type(e).__name__}: "
-                         f"{text})") from None
+        raise _read_error(key, path, ext, e) from None
     finally:
+        logger.setLevel(level)
         if bars:
             ds_logging.enable_progress_bar()
+    if not rows:
+        raise UsageError(_no_rows(key, path))
+    return rows
+
+
+def _shown(path: str) -> str:
+    """A path as messages name it: as written, clipped only when very long."""
+    return path if len(path) <= 160 else clip(path)
+
+
+def _no_rows(key: str, path: str) -> str:
+    return f"{key} {_shown(path)} has no rows; point it at a file with at least one row"
+
+
+def _is_blank(path: str) -> bool:
+    """Whether the file holds only whitespace (read no further than its first 64 KiB)."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    return not head.strip() and len(head) < 1 << 16
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The innermost exception of ``e``'s chain that says something (``datasets`` wraps the
+    reader's own error in a ``DatasetGenerationError`` with a generic message)."""
+    chain, seen, cur = [], set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    said = [c for c in chain if str(c).strip()
+            and type(c).__name__ != "DatasetGenerationError"]
+    return said[-1] if said else chain[-1]
+
+
+_EMPTY_TEXTS = ("corresponds to no data", "No columns to parse from file")
+_CSV_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+
+
+def _read_error(key: str, path: str, ext: str, e: BaseException) -> UsageError:
+    """The one-line `UsageError` of a file ``datasets`` failed to read: the real reason."""
+    root = _root_cause(e)
+    text = " ".join(str(root).split())
+    if ext in (".jsonl", ".json") and os.path.isfile(path):
+        bad = _first_bad_json_line(path, kinds="changed from" in text)
+        if bad is not None:
+            return UsageError(f"{key} {_shown(path)}:{bad[0]}: {bad[1]}")
+    if isinstance(root, StopIteration) or any(t in text for t in _EMPTY_TEXTS):
+        return UsageError(_no_rows(key, path))
+    m = _CSV_FIELDS.search(text)
+    if m is not None:
+        return UsageError(f"{key} {_shown(path)}:{m.group(2)}: {m.group(3)} fields, but the "
+                          f"header has {m.group(1)}; quote values that hold commas")
+    return UsageError(f"{key} {_shown(path)} cannot be read ({type(root).__name__}: "
+                      f"{text[:200]})")
+
+
+def _kind(value: Any) -> str | None:
+    """The JSON type of a value as Arrow sees it (ints and floats alike); None for null."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "a value")
+
+
+def _first_bad_json_line(path: str, kinds: bool = False) -> tuple[int, str] | None:
+    """``(1-based line, what is wrong)`` of the first line of a JSON lines file that is not
+    UTF-8 or not a JSON object (with ``kinds``: or whose column has another JSON type than
+    on an earlier line); None when there is none (or the file is one JSON array)."""
+    first: dict[str, tuple[str, int]] = {}  # column -> (its first JSON type, line)
+    rows = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return n, f"not valid UTF-8 ({e.reason})"
+            stripped = line.strip()
+            if not stripped:
+                continue
+            if not rows and stripped.startswith("["):
+                return None  # one JSON document, not JSON lines
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                return n, f"invalid JSON ({e.msg}, column {e.colno})"
+            except (ValueError, RecursionError) as e:  # an int of > 4300 digits, deep nesting
+                return n, f"unreadable JSON ({' '.join(str(e).split())[:120]})"
+            if not isinstance(row, dict):
+                return n, f"expected a JSON object, got {type(row).__name__}"
+            for col, value in row.items() if kinds else ():
+                kind = _kind(value)
+                seen = first.setdefault(col, (kind, n)) if kind else None
+                if seen is not None and seen[0] != kind:
+                    return n, (f"column {clip(col)} is {kind} here but {seen[0]} on line "
+                               f"{seen[1]}; give each column one JSON type (quote the numbers "
+                               "of a text column)")
+            rows += 1
+    return None
+
+
+def row_lines(path: str, n_rows: int) -> list[int] | None:
+    """The 1-based file line each of ``n_rows`` rows starts on, for ``file:line`` messages.
+
+    JSON lines: the non-blank lines; CSV: the records after the header (blank
+    lines skipped, quoted newlines kept inside their record).  None for
+    parquet, a saved dataset, a JSON array, or when the count does not match
+    what ``datasets`` read (then messages say ``row N``).
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if not os.path.isfile(path) or ext not in (".jsonl", ".json", ".csv"):
+        return None
+    if ext == ".csv":
+        starts, end = [], 0
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            reader = csv.reader(f)
+            try:
+                for record in reader:
+                    if record:
+                        starts.append(end + 1)
+                    end = reader.line_num
+            except csv.Error:
+                return None
+        lines = starts[1:]  # the first record is the header
+    else:
+        with open(path, "rb") as f:
+            if f.read(1 << 10).lstrip().startswith(b"["):
+                return None  # one JSON document, not JSON lines
+            f.seek(0)
+            lines = [n for n, raw in enumerate(f, start=1) if raw.strip()]
+    return lines if len(lines) == n_rows else None
 
 
 def _messages(value: Any, where: str) -> base.Messages:
@@ -105,22 +262,40 @@ def _messages(value: Any, where: str) -> base.Messages:
 
 
 def _answer(value: Any) -> str:
+    """The reference answer as text; floats positional (``1e+20`` -> ``100000000000000000000``,
+    which the numeric checker reads), ``""`` for a missing or non-finite value."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""
+    if isinstance(value, float) and "e" in repr(value):
+        return format(decimal.Decimal(repr(value)), "f")
     return str(value).strip()
 
 
 def rows_to_problems(rows: Sequence[Mapping[str, Any]], *, prompt_key: str = "prompt",
                      messages_key: str = "", answer_key: str = "answer",
-                     checker: str = "numeric", source: str = "dataset") -> list[base.Problem]:
+                     checker: str = "numeric", source: str = "dataset",
+                     lines: Sequence[int] | None = None) -> list[base.Problem]:
     """Problems of dataset rows (columns as in the module doc).
+
+    Each problem's ``metadata["where"]`` names its row: ``source:line`` with
+    ``lines`` (`row_lines`: the 1-based file line of each row), else
+    ``source row N`` (1-based).
+
+    With ``checker="numeric"`` every answer must be a number `parse_number`
+    reads: the checker compares numbers, so a row whose answer is not one
+    (``[42]``, ``42x``) can never be rewarded and would only add groups of
+    zero advantage.  That is refused rather than warned about: like an empty
+    answer it is a data error, the count and the first row are named, and the
+    checkers that compare text exist (``exact``, ``math_verify``).
 
     Raises:
       UsageError: no rows, a missing column (naming the columns there are) or a
-        bad value; one line naming ``source``.
+        bad value; one line naming ``source`` and the row.
     """
     if not rows:
         raise UsageError(f"{source} has no rows")
+    if lines is not None and len(lines) != len(rows):
+        lines = None
     columns = list(rows[0])
     needed = [("task.messages_key" if messages_key else "task.prompt_key",
                messages_key or prompt_key)]
@@ -130,9 +305,9 @@ def rows_to_problems(rows: Sequence[Mapping[str, Any]], *, prompt_key: str = "pr
         if col not in columns:
             raise UsageError(f"{key}={clip(col)} is not a column of {source}; its columns: "
                              f"{', '.join(map(str, columns[:20]))}")
-    out = []
+    out, not_numbers = [], []
     for i, row in enumerate(rows):
-        where = f"{source} row {i}"
+        where = f"{source}:{lines[i]}" if lines is not None else f"{source} row {i + 1}"
         messages = None
         if messages_key:
             messages = _messages(row.get(messages_key), where)
@@ -147,9 +322,18 @@ def rows_to_problems(rows: Sequence[Mapping[str, Any]], *, prompt_key: str = "pr
         if checker != "none" and not answer:
             raise UsageError(f"{where}: column {clip(answer_key)} is empty; fill it or use "
                              "task.checker=none")
-        meta = {"row": dict(row), "messages": messages}
+        if checker == "numeric" and parse_number(answer) is None:
+            not_numbers.append((where, answer))
+        meta = {"row": dict(row), "messages": messages, "where": where}
         pid = base.problem_id(NAME, math_qa.canonical_text(text))
         out.append(base.Problem(pid, text.strip(), answer, meta))
+    if not_numbers:
+        where, answer = not_numbers[0]
+        more = (f" ({len(not_numbers)} of {len(rows)} rows have such answers)"
+                if len(not_numbers) > 1 else "")
+        raise UsageError(f"{where}: answer {clip(answer)} is not a number, so "
+                         f"task.checker=numeric can never match it{more}; fix the "
+                         f"{clip(answer_key)} column or use task.checker=exact or math_verify")
     return out
 
 
@@ -177,7 +361,8 @@ def _checker(checker: str) -> Any:
     raise UsageError(f"task.checker must be one of {', '.join(CHECKERS)}, got {clip(checker)}")
 
 
-def _generator(train: list[base.Problem], eval_: list[base.Problem] | None) -> Any:
+def _generator(train: list[base.Problem], eval_: list[base.Problem] | None) -> tuple[Any, Any]:
+    """``(generate, pool)``: the task's ``generate`` and its `base.Task.pool`."""
     key = lambda p: math_qa.canonical_text(p.prompt)  # noqa: E731
     if eval_ is None:
         pools = {s: [p for p in train if base.split_of(NAME, key(p)) == s] for s in base.SPLITS}
@@ -204,7 +389,7 @@ def _generator(train: list[base.Problem], eval_: list[base.Problem] | None) -> A
         random.Random(seed).shuffle(order)
         return [pool[order[i % len(pool)]] for i in range(count)]
 
-    return generate
+    return generate, lambda: pools["train"] + pools["eval"]
 
 
 def dataset_task(train: list[base.Problem], eval_problems: list[base.Problem] | None = None,
@@ -229,10 +414,12 @@ def dataset_task(train: list[base.Problem], eval_problems: list[base.Problem] | 
             msgs = [{"role": "system", "content": system_prompt}, *msgs]
         return msgs
 
+    generate, pool = _generator(train, eval_problems)
     return base.Task(
-        name=NAME, generate=_generator(train, eval_problems), compact_prompt=math_qa.compact_prompt,
+        name=NAME, generate=generate, compact_prompt=math_qa.compact_prompt,
         chat_messages=chat_messages, extract=math_qa.extract, verify=verify,
-        format_ok=math_qa.format_ok, description=f"{NAME}: {len(train)} loaded problems.")
+        format_ok=math_qa.format_ok, description=f"{NAME}: {len(train)} loaded problems.",
+        pool=pool)
 
 
 def task_from_config(t: Any, rows: Sequence[Mapping[str, Any]] | None = None) -> base.Task:
@@ -248,10 +435,13 @@ def task_from_config(t: Any, rows: Sequence[Mapping[str, Any]] | None = None) ->
             raise UsageError("task.name=dataset needs task.train_file (a .jsonl, .parquet, .csv "
                              "file or a saved Hugging Face dataset directory)")
         rows, source = load_rows(t.train_file), t.train_file
+        lines = row_lines(t.train_file, len(rows))
     else:
-        rows, source = [dict(r) for r in rows], "the dataset passed to run"
-    train = rows_to_problems(rows, source=source, **kw)
+        rows, source, lines = [dict(r) for r in rows], "the dataset passed to run", None
+    train = rows_to_problems(rows, source=source, lines=lines, **kw)
     ev = None
     if t.eval_file:
-        ev = rows_to_problems(load_rows(t.eval_file, "task.eval_file"), source=t.eval_file, **kw)
+        ev_rows = load_rows(t.eval_file, "task.eval_file")
+        ev = rows_to_problems(ev_rows, source=t.eval_file,
+                              lines=row_lines(t.eval_file, len(ev_rows)), **kw)
     return dataset_task(train, ev, checker=t.checker, system_prompt=t.system_prompt)

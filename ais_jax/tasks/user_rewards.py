@@ -22,8 +22,10 @@ The reward of a completion is::
            + sum(reward.weights[name] * fn(...))            # weight 1 unless set
 
 Each function's unweighted batch mean is logged as ``reward/<name>``.  A
-function that raises, or returns something that is not a finite number, stops
-the run with a `UsageError` naming it (the CLI prints one line, exit 2).
+function that raises (``SystemExit`` and ``KeyboardInterrupt`` included), returns
+something that is not a float32-finite number, or whose calls of one RL step take
+longer than ``reward.timeout_s`` (a progress line every 10 s meanwhile), stops the
+run with a `UsageError` naming it (the CLI prints one line, exit 2).
 
 Config: ``reward.functions`` maps a name to an import path, either
 ``"package.module:function"`` (imported with `importlib.import_module`) or
@@ -45,6 +47,8 @@ import inspect
 import math
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,14 +118,14 @@ def _import_module(target: str, name: str) -> Any:
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as e:
+        except BaseException as e:  # SystemExit / KeyboardInterrupt at import are its errors too
             del sys.modules[mod_name]
             raise UsageError(f"reward.functions.{name}: loading {clip(target)} raised "
                              f"{type(e).__name__}: {_one_line(e)}") from None
         return module
     try:
         return importlib.import_module(target)
-    except Exception as e:  # ModuleNotFoundError, or the module's own import failing
+    except BaseException as e:  # ModuleNotFoundError, the module's import failing or exiting
         raise UsageError(f"reward.functions.{name}: cannot import module {clip(target)} "
                          f"({type(e).__name__}: {_one_line(e)})") from None
 
@@ -217,13 +221,59 @@ def _checked(name: str, value: Any) -> float:
                          ) from None
 
 
+PROGRESS_EVERY_S = 10.0  # a progress line while a function's calls run longer than this
+
+
+def _bounded(name: str, call: Callable[[], list[Any]], timeout_s: float) -> list[Any]:
+    """Run ``call()`` (one function's calls of a step) in a worker thread, at most
+    ``timeout_s`` seconds; a progress line every `PROGRESS_EVERY_S` seconds.
+
+    Anything the function raises, ``SystemExit`` and ``KeyboardInterrupt`` included, is the
+    function's error (a `UsageError` naming it), never an exit of the run. A function that
+    does not return in time is reported by name; its thread is left behind (a daemon: it
+    cannot be killed, and it dies with the process, which stops with the error).
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["values"] = call()
+        except BaseException as e:  # the user's code: report everything
+            box["error"] = e
+
+    thread = threading.Thread(target=work, name=f"reward:{name}", daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    while True:
+        left = timeout_s - (time.monotonic() - t0)
+        thread.join(min(PROGRESS_EVERY_S, max(left, 0.0)))
+        if not thread.is_alive():
+            break
+        waited = time.monotonic() - t0
+        if waited >= timeout_s:
+            raise UsageError(f"reward function {name} did not return within reward.timeout_s="
+                             f"{timeout_s:g} s; make it faster or raise reward.timeout_s")
+        print(f"reward function {name} still running after {waited:.0f} s (reward.timeout_s="
+              f"{timeout_s:g})", file=sys.stderr, flush=True)
+    if "error" in box:
+        e = box["error"]
+        if isinstance(e, UsageError):
+            raise e
+        raise UsageError(f"reward function {name} raised {type(e).__name__}: "
+                         f"{_one_line(e)}") from None
+    return box["values"]
+
+
 def score_rewards(rewards: Sequence[UserReward], completions: Sequence[str],
-                  problems: Sequence[Any]) -> np.ndarray:
+                  problems: Sequence[Any], timeout_s: float = 60.0) -> np.ndarray:
     """Unweighted values of each reward function: ``[B, F]`` float32.
 
+    Each function's calls of the batch run in a worker thread bounded by ``timeout_s``
+    (`_bounded`, ``reward.timeout_s``).
+
     Raises:
-      UsageError: a function raised or returned a non-finite / non-numeric
-        value; one line naming it.
+      UsageError: a function raised (SystemExit included), did not return in time, or
+        returned a value that is not a float32-finite number; one line naming it.
     """
     out = np.zeros((len(completions), len(rewards)), np.float32)
     if not rewards:
@@ -231,19 +281,17 @@ def score_rewards(rewards: Sequence[UserReward], completions: Sequence[str],
     prompts = [p.prompt for p in problems]
     rows = [problem_row(p) for p in problems]
     for j, r in enumerate(rewards):
-        try:
-            if r.batched:
+        if r.batched:
+            def call(r: UserReward = r) -> list[Any]:
                 values = list(r.fn(list(completions), prompts, rows))
                 if len(values) != len(completions):
                     raise UsageError(f"reward function {r.name} returned {len(values)} values "
                                      f"for {len(completions)} completions")
-            else:
-                values = [r.fn(c, p, row) for c, p, row in zip(completions, prompts, rows,
-                                                               strict=True)]
-        except UsageError:
-            raise
-        except Exception as e:
-            raise UsageError(f"reward function {r.name} raised {type(e).__name__}: "
-                             f"{_one_line(e)}") from None
+                return values
+        else:
+            def call(r: UserReward = r) -> list[Any]:
+                return [r.fn(c, p, row) for c, p, row in zip(completions, prompts, rows,
+                                                             strict=True)]
+        values = _bounded(r.name, call, timeout_s)
         out[:, j] = [_checked(r.name, v) for v in values]
     return out

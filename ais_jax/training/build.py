@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from ais_jax.config.schema import Config
 from ais_jax.core.errors import UsageError
 from ais_jax.models.model import ModelConfig, init_params
-from ais_jax.rollout.codec import PromptCodec
+from ais_jax.rollout.codec import PromptCodec, problem_location, problem_where
 from ais_jax.rollout.sampler import bucket_length
 from ais_jax.training import optim
 from ais_jax.training import sharding as shd
@@ -94,6 +94,49 @@ def build_task(cfg: Config, dataset: Any = None) -> Any:
                          f"mistake, and task {cfg.task.name!r} defines none; set "
                          "sft.mistake_rate=0")
     return task
+
+
+PROBE_PROBLEMS = 64  # extra training problems of a generated task checked by `build_run`
+
+
+def check_problems(cfg: Config, codec: PromptCodec, model_cfg: Any, problems: list[Any], *,
+                   answers: bool = False) -> None:
+    """Refuse, before anything compiles, problems the model cannot take.
+
+    Every prompt must encode (a scratch model's character tokenizer has no id
+    for a character outside its alphabet) and, with ``rollout.max_new_tokens``
+    after it, fit the model's ``max_position_embeddings``; with ``answers``
+    (a warm start will teach them) every answer must encode too.  `build_run`
+    passes a dataset task's whole pool (`ais_jax.tasks.base.Task.pool`), so a
+    bad row is found at build time and never mid-run; a generated task's eval
+    problems, first batch and `PROBE_PROBLEMS` more training problems.
+
+    Raises:
+      UsageError: one line naming the problem (``file:line`` of a dataset row,
+        `ais_jax.rollout.codec.problem_where`), the character or the length and
+        the limit, and the fix.
+    """
+    n_new = cfg.rollout.max_new_tokens
+    max_pos = model_cfg.max_position_embeddings
+    limit = max_pos - n_new
+    if limit < 1:
+        raise UsageError(f"rollout.max_new_tokens={n_new} leaves no room for a prompt in the "
+                         f"model's {max_pos} positions; lower rollout.max_new_tokens")
+    too_long = []
+    for p in problems:
+        n = len(codec.encode_prompt(p))  # UsageError: a character outside the alphabet
+        if answers:
+            codec.encode_answer(p)
+        if n > limit:
+            too_long.append((p, n))
+    if too_long:
+        p, n = too_long[0]
+        where = problem_where(p, cfg.task.name)
+        more = f" ({len(too_long)} prompts are too long)" if len(too_long) > 1 else ""
+        fix = "shorten or drop the row" if problem_location(p) else "ease the task"
+        raise UsageError(f"{where}: the prompt has {n} tokens, more than the {limit} that fit "
+                         f"the model's {max_pos} positions with rollout.max_new_tokens={n_new}"
+                         f"{more}; {fix}, or lower rollout.max_new_tokens")
 
 
 def build_mesh(cfg: Config) -> Mesh:
@@ -297,7 +340,20 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
     eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
                                   **dict(cfg.task.difficulty))
     first = problems_at(cfg, task, 0, 0, cfg.rollout.prompts_per_step)
+    pool = getattr(task, "pool", None)
+    if pool is not None:  # a dataset: every row, so none fails mid-run
+        checked = pool()
+    else:
+        checked = eval_problems + first
+        if codec.style == "compact":  # characters a generated task may hold now and then
+            checked = checked + task.generate(seed=(cfg.seed + 104_729) % 2**31,
+                                              n=PROBE_PROBLEMS, split="train",
+                                              **dict(cfg.task.difficulty))
+    check_problems(cfg, codec, model_cfg, checked, answers=sft_opt is not None)
     longest = max(len(codec.encode_prompt(p)) for p in eval_problems + first)
+    # the bucket (P, prompt + slack) never passes the positions the prompts fit in
+    bucket = min(bucket_length(longest + 4, pow2_max=0),
+                 model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens)
     state = optim.init_train_state(params, optimizer)
     ids = st.TokenIds(codec.eos_ids, codec.pad_id)
     if model_kind(cfg) == "llada":
@@ -309,4 +365,4 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
         fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
     state = place(state, fns.state_shardings)
     return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
-               bucket_length(longest + 4, pow2_max=0), rewards)
+               bucket, rewards)

@@ -104,7 +104,8 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
         flat = [p for p in problems for _ in range(G)]
         rewards, correct = score_batch(run.task, texts, flat, reward_cfg)
-        user = score_rewards(run.rewards, texts, flat)  # [B, F] unweighted, checked
+        user = score_rewards(run.rewards, texts, flat,  # [B, F] unweighted, checked
+                             timeout_s=cfg.reward.timeout_s)
         rewards = rewards + user @ weights if run.rewards else rewards
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
         if on_samples is not None:  # before the update: state is donated to it

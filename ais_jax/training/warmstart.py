@@ -111,7 +111,8 @@ def sft_batch(problems: Sequence[Any], flawed: Sequence[bool], codec: PromptCode
 
 
 def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | None = None,
-               check: Callable[[Any], float] | None = None) -> Any:
+               check: Callable[[Any], float] | None = None,
+               stop: Callable[[], Any] | None = None) -> Any:
     """Teacher-forcing steps from ``params``; returns the trained params, placed.
 
     ``sft.steps`` steps, or with ``sft.target_accuracy > 0`` up to the first
@@ -126,6 +127,8 @@ def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | 
       log: optional `WarmStartLog`, filled in place with the checks and the stop.
       check: ``params -> accuracy`` of the criterion; None: `make_accuracy_check`
         (built only when ``sft.target_accuracy > 0``).
+      stop: called after every step; a truthy result ends the warm start there (a signal:
+        the caller reports it; ``log.steps_run`` says where it stopped).
     """
     cfg = run.cfg
     target, every = cfg.sft.target_accuracy, cfg.sft.check_every
@@ -159,6 +162,8 @@ def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | 
         sft_params, sft_state, sm = run.fns.sft(sft_params, sft_state, jnp.asarray(toks),
                                                 jnp.asarray(lm), *extra)
         log.steps_run = i + 1
+        if stop is not None and stop():
+            break
         if hasattr(bar, "set_postfix") and i % 20 == 0:
             post["loss"] = f"{float(sm['loss']):.3f}"
             bar.set_postfix(**post)

@@ -6,11 +6,15 @@ The format is the public LLaDA one: OLMo-style config keys (``d_model``,
 ``rms_norm_eps``, ``mask_token_id``, ``weight_tying``) and tensors named
 ``model.transformer.wte.weight``, ``model.transformer.blocks.{i}.q_proj.weight``
 ... ``model.transformer.ln_f.weight``, ``model.transformer.ff_out.weight``
-(untied head).  Only safetensors are read (never pickle).
+(untied head).  Only safetensors are read (never pickle).  `load` checks the
+files as the autoregressive loader does (`ais_jax.models.weight_files`): a
+NaN / inf tensor, a truncated or unreadable file, a missing tensor and an index
+naming shards outside the directory are each a one-line `CheckpointError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -20,7 +24,10 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 
+from ais_jax.core.errors import CheckpointError
+from ais_jax.models import weight_files
 from ais_jax.models.llada.model import LAYER_PARAMS, LLaDAConfig, hf_name, param_table
+from ais_jax.models.weight_files import SafetensorsFiles, read_json, shard_files
 
 # OLMo / LLaDA options this implementation supports, with the only accepted value.
 _FIXED = {"block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms",
@@ -112,60 +119,77 @@ def is_llada_dir(path: str) -> bool:
     return isinstance(d, dict) and (d.get("model_type") == "llada" or "d_model" in d)
 
 
-def _open_files(path: str) -> list[str]:
+def _tensor_files(path: str) -> dict[str, str] | None:
+    """Tensor name -> safetensors file from the directory's index (shards checked), or None
+    when it has no index (then every ``*.safetensors`` file is read, and there must be one)."""
     index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(path, name) for name in files]
+    if os.path.isfile(index):
+        data = read_json(index)
+        return shard_files(path, index, data.get("weight_map") if isinstance(data, dict) else None)
     found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not found:
-        raise ValueError(f"no *.safetensors file in {path}")
-    return found
+        raise CheckpointError(f"no *.safetensors file in {path}; a LLaDA checkpoint directory "
+                              "needs model.safetensors (pickled .bin checkpoints are not read)")
+    return None
 
 
-def load(path: str, dtype: Any = jnp.float32) -> tuple[dict, LLaDAConfig]:
+def load(path: str, dtype: Any = jnp.float32, *,
+         check_finite: bool = True) -> tuple[dict, LLaDAConfig]:
     """Load a LLaDA checkpoint directory.
+
+    The files get the checks of the autoregressive loader
+    (`ais_jax.models.pretrained.load_pretrained`, through `ais_jax.models.weight_files`).
 
     Args:
       path: directory with ``config.json`` and ``model.safetensors`` (or
         shards with ``model.safetensors.index.json``).
       dtype: parameter dtype.
+      check_finite: refuse a tensor holding NaN or inf after the cast to
+        ``dtype``; False skips the check.
 
     Returns:
       ``(params, cfg)``; params as `ais_jax.models.llada.model.init_params` lays them out.
 
     Raises:
-      ValueError: bad config, or a tensor missing / of the wrong shape.
+      ValueError: a bad config (`config_from_dict`).
+      CheckpointError: a missing or non-JSON ``config.json`` / index, an index
+        naming shards outside ``path``, a missing, truncated or unreadable
+        safetensors file, a tensor missing or of the wrong shape, or non-finite
+        weights (one line each; a `ValueError` subclass).
     """
-    from safetensors import safe_open
+    cfg = config_from_dict(read_json(os.path.join(path, "config.json")))
+    indexed = _tensor_files(path)
+    files = {} if indexed is None else indexed
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    with contextlib.ExitStack() as stack:
+        handle = SafetensorsFiles(stack)
+        if indexed is None:
+            for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+                files.update((n, file) for n in handle(file).keys())  # noqa: SIM118
 
-    with open(os.path.join(path, "config.json")) as f:
-        cfg = config_from_dict(json.load(f))
-    tensors: dict[str, np.ndarray] = {}
-    for file in _open_files(path):
-        with safe_open(file, framework="numpy") as h:
-            for name in h.keys():  # noqa: SIM118  (a safe_open handle, not a dict)
-                if name.startswith("model.transformer."):
-                    tensors[name] = h.get_tensor(name)
+        def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            if name not in files:
+                raise CheckpointError(f"LLaDA checkpoint {path}: missing tensor {name}; the "
+                                      "config describes weights the checkpoint lacks")
+            t = handle(files[name]).get_tensor(name)
+            if tuple(t.shape) != shape:
+                raise CheckpointError(f"LLaDA checkpoint {path}: {name} has shape "
+                                      f"{tuple(t.shape)}, expected {shape}; fix the config to "
+                                      "match the weights")
+            with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+                out = t.astype(np_dtype)
+            if check_finite:
+                weight_files.check_finite(out, name, path)
+            return out
 
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in tensors:
-            raise ValueError(f"LLaDA checkpoint {path}: missing tensor {name}")
-        t = tensors[name]
-        if tuple(t.shape) != shape:
-            raise ValueError(f"LLaDA checkpoint {path}: {name} has shape {tuple(t.shape)}, "
-                             f"expected {shape}")
-        return t.astype(np.float32)
-
-    table = param_table(cfg)
-    layers = {}
-    for name, info in table.pop("layers").items():
-        shape = info.shape(cfg)[1:]  # type: ignore[arg-type]
-        stack = [get(hf_name(name, i), shape) for i in range(cfg.num_layers)]
-        layers[name] = jnp.asarray(np.stack(stack), dtype)
-    top = {name: jnp.asarray(get(info.hf, info.shape(cfg)), dtype)  # type: ignore[arg-type]
-           for name, info in table.items()}
+        table = param_table(cfg)
+        layers = {}
+        for name, info in table.pop("layers").items():
+            shape = info.shape(cfg)[1:]  # type: ignore[arg-type]
+            per_layer = [get(hf_name(name, i), shape) for i in range(cfg.num_layers)]
+            layers[name] = jnp.asarray(np.stack(per_layer), dtype)
+        top = {name: jnp.asarray(get(info.hf, info.shape(cfg)), dtype)  # type: ignore[arg-type]
+               for name, info in table.items()}
     return {"embed": top.pop("embed"), "layers": layers, **top}, cfg
 
 

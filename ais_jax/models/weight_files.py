@@ -1,0 +1,113 @@
+"""The checks every loader of model weight files shares (HF / AR and LLaDA directories).
+
+Each failure is one-line `ais_jax.core.errors.CheckpointError` naming the file
+or tensor and the fix: a ``config.json`` / index that is missing or not JSON
+(`read_json`), an index naming shards outside the model directory
+(`shard_files`), a missing, truncated or otherwise unreadable safetensors file
+(`SafetensorsFiles`), and a tensor holding NaN or inf (`check_finite`).
+`ais_jax.models.pretrained` and `ais_jax.models.llada.checkpoint` both use them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ais_jax.core.errors import CheckpointError
+
+
+def read_json(path: str) -> Any:
+    """The decoded JSON file ``path``.
+
+    Raises:
+      CheckpointError: the file is missing or not valid JSON (one line).
+    """
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} not found; an HF checkpoint directory needs a config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, huge ints
+        raise CheckpointError(f"{path} is not valid JSON ({str(e)[:200]}); repair or re-export "
+                              "it") from None
+
+
+def check_finite(arr: np.ndarray, name: str, source: str) -> None:
+    """Refuse a tensor holding NaN or inf.
+
+    Args:
+      arr: the tensor as loaded (after the cast to the load dtype, so an
+        overflow of the cast counts); integer tensors always pass.
+      name: the tensor's name in the file, for the message.
+      source: the file or directory, for the message.
+
+    Raises:
+      CheckpointError: naming the tensor and the count of non-finite values.
+    """
+    if np.issubdtype(arr.dtype, np.integer) or bool(np.isfinite(arr).all()):
+        return
+    bad = int(np.count_nonzero(~np.isfinite(arr)))
+    raise CheckpointError(f"tensor {name!r} in {source} holds {bad} non-finite values (NaN or "
+                          f"inf) of {arr.size}; the weights are corrupt (re-download or "
+                          "re-export them) or overflow the load dtype")
+
+
+def shard_files(path: str, index: str, weight_map: Any) -> dict[str, str]:
+    """Tensor name -> shard path from an index's ``weight_map``; shards stay inside ``path``.
+
+    The check is on the names (no absolute path, no ``..`` component), made before any
+    shard is opened; symlinks inside the directory (the HF hub cache) are followed.
+
+    Args:
+      path: the model directory.
+      index: the index file's path (for messages).
+      weight_map: its ``weight_map`` entry (anything: checked here).
+
+    Raises:
+      CheckpointError: no ``weight_map`` object, a shard that is not a file name,
+        or a shard path outside ``path``.
+    """
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no 'weight_map' object; re-export the checkpoint")
+    files = {}
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise CheckpointError(f"{index} maps tensor {str(tensor)[:80]!r} to "
+                                  f"{str(shard)[:80]!r}, not a file name; re-export it")
+        norm = os.path.normpath(shard)
+        if os.path.isabs(shard) or norm == ".." or norm.startswith(".." + os.sep):
+            raise CheckpointError(f"{index} names the shard {shard[:120]!r} outside the model "
+                                  "directory; refusing to open it (shards must be relative "
+                                  "paths inside the directory)")
+        files[tensor] = os.path.join(path, norm)
+    return files
+
+
+class SafetensorsFiles:
+    """Open safetensors files on first use, each once, inside an `contextlib.ExitStack`.
+
+    ``files(path)`` returns the ``safe_open`` handle (numpy framework) of ``path``.
+    A missing file, a truncated one (its header promises more bytes than it
+    holds) or any other unreadable file is a one-line `CheckpointError`.
+    """
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._handles: dict[str, Any] = {}
+
+    def __call__(self, file: str) -> Any:
+        from safetensors import safe_open
+
+        if file not in self._handles:
+            if not os.path.isfile(file):
+                raise CheckpointError(f"weight file {file} is missing; restore it or re-export")
+            try:
+                self._handles[file] = self._stack.enter_context(safe_open(file, framework="numpy"))
+            except Exception as e:  # safetensors raises its own error types
+                raise CheckpointError(f"{file} is not a readable safetensors file ({e}); "
+                                      "re-export it") from None
+        return self._handles[file]
