@@ -206,8 +206,9 @@ def _loaded() -> dict[str, dict]:
 
 
 def _warm_logs() -> dict[int, dict]:
+    """The first study's warm starts (seeds 0-4); the replication's (`REP_SEEDS`) are its own."""
     out = {}
-    for seed in range(10):
+    for seed in range(5):
         p = os.path.join(LOGS, f"long_warm_s{seed}", "warm.json")
         if os.path.exists(p):
             with open(p) as f:
