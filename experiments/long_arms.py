@@ -135,10 +135,10 @@ def planned(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str],
     return out
 
 
-def cmd_run(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str], base: str,
-            scratch: str, dry_run: bool, with_bf16: bool) -> None:
+def _run_all(runs: dict[str, tuple[str, ...]], base: str, scratch: str, dry_run: bool) -> None:
+    """Train each run from its seed's warm start (runs with a log are skipped)."""
     run_one = _compare().run_one
-    for name, ov in planned(seeds, settings, arms, with_bf16).items():
+    for name, ov in runs.items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
         seed = int(name.rsplit("_s", 1)[1])
@@ -147,6 +147,11 @@ def cmd_run(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str], 
             print(name, " ".join(full))
         else:
             run_one(name, full, scratch, CONFIG)
+
+
+def cmd_run(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str], base: str,
+            scratch: str, dry_run: bool, with_bf16: bool) -> None:
+    _run_all(planned(seeds, settings, arms, with_bf16), base, scratch, dry_run)
 
 
 def replication_planned(seeds: Sequence[int] = REP_SEEDS) -> dict[str, tuple[str, ...]]:
@@ -156,16 +161,7 @@ def replication_planned(seeds: Sequence[int] = REP_SEEDS) -> dict[str, tuple[str
 
 
 def cmd_rep(seeds: Sequence[int], base: str, scratch: str, dry_run: bool) -> None:
-    run_one = _compare().run_one
-    for name, ov in replication_planned(seeds).items():
-        if os.path.exists(os.path.join(LOGS, name, "run.json")):
-            continue
-        seed = int(name.rsplit("_s", 1)[1])
-        full = (f"model.source={warm_dir(base, seed)}", *FROM_WARM, *ov)
-        if dry_run:
-            print(name, " ".join(full))
-        else:
-            run_one(name, full, scratch, CONFIG)
+    _run_all(replication_planned(seeds), base, scratch, dry_run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
