@@ -35,6 +35,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/stats.py
 from ais_jax.config.load import load_config  # noqa: E402
 from ais_jax.run.plots import moving_average  # noqa: E402
 
@@ -155,13 +156,35 @@ def steps_to(run: dict, threshold: float) -> int | None:
     return None
 
 
-def bootstrap_ci(xs: Sequence[float], reps: int = 10_000) -> tuple[float, float]:
-    """95% percentile interval of the mean of ``xs`` (one paired difference per seed),
-    resampling the entries with replacement (fixed generator: reports are reproducible)."""
-    a = np.asarray(xs, np.float64)
-    idx = np.random.default_rng(0).integers(0, len(a), size=(reps, len(a)))
-    means = a[idx].mean(axis=1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+def _num(x: float, digits: int = 3) -> str:
+    return f"{x:+.{digits}f}" if np.isfinite(x) else ("+inf" if x > 0 else "-inf")
+
+
+def paired_table(rows: Sequence[tuple[str, str, Sequence[int], Sequence[float]]],
+                 family: str) -> list[str]:
+    """Markdown table of paired per-seed differences, one row per (comparison, metric).
+
+    Each row of ``rows`` is (comparison, metric, seeds, per-seed differences). Columns: the
+    per-seed differences, n, the mean with its 95% paired t-interval (t distribution, n - 1
+    df), the standardized effect d_z (mean / sd), the two-sided paired t-test p-value, the
+    exact two-sided sign-flip permutation p-value (all 2^n sign assignments) and the
+    t-test p-value after Holm's correction over every row of the table (the family,
+    described by ``family``).  experiments/stats.py computes all of them.
+    """
+    from stats import holm, paired_t, sign_flip_p
+
+    tests = {i: paired_t(d) for i, (_, _, _, d) in enumerate(rows)}
+    adj = holm({str(i): t.p for i, t in tests.items()})
+    lines = ["| comparison | metric | per seed | n | mean [95% t-interval] | d_z | t-test p | "
+             f"sign-flip p | Holm p ({family}) |", "|---|---|---|---|---|---|---|---|---|"]
+    for i, (label, metric, seeds, d) in enumerate(rows):
+        t = tests[i]
+        per = ", ".join(f"s{s} {x:+.3f}" for s, x in zip(seeds, d, strict=True))
+        lines.append(
+            f"| {label} | {metric} | {per} | {t.n} | {_num(t.mean)} [{_num(t.ci[0])}, "
+            f"{_num(t.ci[1])}] | {_num(t.effect, 2)} | {t.p:.3f} | {sign_flip_p(d):.4g} | "
+            f"{adj[str(i)][0]:.3f} |")
+    return lines
 
 
 def mean_sd(xs: Sequence[float], digits: int = 3) -> str:
@@ -401,6 +424,13 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         "`experiments/long_arms.py`) and the embedded default's short ones (3-4 tokens, the",
         "paper's four arms, stress runs and AIS ablations). The diffusion setting is in",
         "[results_llada.md](results_llada.md). The Reading section at the end covers both.",
+        "",
+        "Every result on this page is exploratory: none of these runs was pre-registered, and",
+        "the analysis choices (formats, seeds, warm-start target) were made while looking at",
+        "the results. The pre-registered replication of the long setting on fresh seeds 5-9",
+        "([experiments/prereg/long_replication.md](../experiments/prereg/long_replication.md))",
+        "is what tests its two hypotheses; its runs are not in these tables and will be",
+        "reported in a section of their own when all of them exist.",
         "",
         *long_arms.render(figures),
         "## The short-response setting (the embedded default)",

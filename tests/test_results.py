@@ -54,13 +54,30 @@ def test_llada_results_md_regenerates_from_logs():
         assert mod.render() == f.read()
 
 
-def test_paired_bootstrap_interval_brackets_the_mean():
+def test_paired_table_t_interval_sign_flip_and_holm():
     mod = _compare()
-    lo, hi = mod.bootstrap_ci([0.01, 0.03, 0.05])
-    assert 0.01 - 1e-12 <= lo < 0.03 < hi <= 0.05 + 1e-12  # means of resampled entries
-    assert mod.bootstrap_ci([0.02, 0.02]) == pytest.approx((0.02, 0.02))
-    # known answer: two values; the resampled mean is 0, 0.5 or 1 with prob 1/4, 1/2, 1/4
-    assert mod.bootstrap_ci([0.0, 1.0]) == pytest.approx((0.0, 1.0))
+    rows = [("a − b", "greedy", [0, 1, 2], [1.0, 2.0, 3.0]),
+            ("c − b", "sampled", [0, 1, 2, 3, 4], [0.5, 0.5, 0.5, 0.5, -1.0])]
+    lines = mod.paired_table(rows, "family of 2")
+    assert lines[0].endswith("| Holm p (family of 2) |") and len(lines) == 4
+    # d = [1, 2, 3]: mean 2, t = 2 sqrt(3), df 2, two-sided p = 0.074180 (closed form for
+    # df 2), 95% t-interval 2 -/+ 4.302653 / sqrt(3); every sign agrees: sign-flip p 2/8.
+    assert lines[2] == ("| a − b | greedy | s0 +1.000, s1 +2.000, s2 +3.000 | 3 | "
+                        "+2.000 [-0.484, +4.484] | +2.00 | 0.074 | 0.25 | 0.148 |")
+    # d = [.5, .5, .5, .5, -1]: mean 0.2, sd 0.67082, t = 0.66667, df 4, p = 0.54137;
+    # sign-flip: |sum| >= 1 in 24 of 32 sign assignments, p = 0.75; Holm: max(0.148, 0.541).
+    assert lines[3].endswith("| 5 | +0.200 [-0.633, +1.033] | +0.30 | 0.541 | 0.75 | 0.541 |")
+
+
+def test_long_report_excludes_the_replication():
+    mod = _experiment("long_arms")
+    assert set(mod.FIRST_SEEDS) == {0, 1, 2, 3, 4}
+    assert not set(mod.FIRST_SEEDS) & set(mod.REP_SEEDS)
+    assert all(int(n.rsplit("_s", 1)[1]) in mod.FIRST_SEEDS for n in mod._loaded())
+    assert set(mod._warm_logs()) <= set(mod.FIRST_SEEDS)
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        page = f.read()
+    assert not any(f"s{sd} +" in page or f"s{sd} -" in page for sd in mod.REP_SEEDS)
 
 
 def test_long_arms_grid_names_and_overrides():
