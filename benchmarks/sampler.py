@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--new", type=int, default=64, help="new tokens per row")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--variants", default="f32,bf16,fp8",
-                    help="comma list of ais_jax params: f32, bf16, fp8 (FP8 rollout copy of f32)")
+                    help="comma list of ais_jax params: f32, bf16, fp8 (FP8 rollout copy of "
+                    "f32), and each with a _fused suffix (rollout.fused_linears layout)")
     ap.add_argument("--segments", type=int, default=4, help="sample(decode_segments=...)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers.generate")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ais_jax.models import fp8
+    from ais_jax.models import fp8, fused
     from ais_jax.models.model import ModelConfig, forward
     from ais_jax.rollout.sampler import sample
 
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     params = {"f32": p32, "bf16": jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), p32),
               "fp8": fp8.to_rollout_params(p32)}
+    params.update({f"{k}_fused": fused.fuse_linears(v) for k, v in params.items()})
     n_tok = a.batch * a.new
 
     def run_jax(name: str, r: int) -> None:

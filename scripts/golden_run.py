@@ -34,8 +34,9 @@ OVERRIDES = [
     "task.eval_size=16", "task.difficulty.digits=1", "eval.every=2", "eval.num_samples=2",
     "checkpoint.every=2", "log.tensorboard=false", "log.progress=false",
 ]
-# Wall-clock fields: not part of the computation.
-TIMING = ("step_time_s",)
+# Wall-clock fields: not part of the computation (with ais_jax.training.flops.TIMING_KEYS).
+TIMING = ("step_time_s", "timing_s/rollout", "timing_s/host", "timing_s/update",
+          "perf/tokens_per_s", "perf/rollout_flops_per_s", "perf/update_flops_per_s", "perf/mfu")
 
 
 def run_golden(out_dir: str) -> dict:

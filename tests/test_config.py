@@ -263,7 +263,7 @@ def test_format_config_shows_every_key_with_its_comment():
 
 def test_every_field_has_a_comment():
     sections = [tp for tp in config_yaml._hints(Config).values() if dataclasses.is_dataclass(tp)]
-    assert len(sections) == 13  # ... and diffusion (LLaDA policies)
+    assert len(sections) == 14  # ... diffusion (LLaDA policies) and lora (adapters)
     for cls in [Config, *sections]:
         comments = config_yaml.field_comments(cls)
         assert set(comments) == {f.name for f in dataclasses.fields(cls)}

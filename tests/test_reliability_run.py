@@ -25,9 +25,10 @@ from ais_jax.config.schema import DEFAULT_CONFIG_PATH
 from ais_jax.core.errors import UsageError
 from ais_jax.run import cli as train
 from ais_jax.run import runguard, signals
+from ais_jax.training.flops import TIMING_KEYS
 
 TINY = [*TINY_RUN, "train.learning_rate=0.003"]
-TIMING = {"step_time_s"}
+TIMING = {"step_time_s", *TIMING_KEYS}
 # After a failed checkpoint read, orbax's tensorstore callbacks hit a closed event loop
 # (harmless noise, reported by pytest during whichever test runs next).
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -167,3 +167,34 @@ def test_profiled_cli_run_writes_a_trace_and_the_cache(tmp_path, capsys):
     assert len([p for p in os.listdir(cache) if p.endswith("-cache")]) >= 2
     with open(out / "metrics.jsonl") as fh:
         assert [json.loads(line)["step"] for line in fh] == [1, 2, 3]
+
+
+def test_xla_flags_are_appended_before_the_backend_starts_and_refused_after(monkeypatch):
+    env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    assert runtime.apply_xla_flags(RuntimeSection(), env) == "--xla_dump_to=/tmp/x"
+    jax.devices()  # this test process's backend has started: flags would be ignored
+    with pytest.raises(UsageError, match="backend already started"):
+        runtime.apply_xla_flags(RuntimeSection(xla_flags="--xla_cpu_enable_fast_math=false"),
+                                env)
+    from jax._src import xla_bridge
+
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    out = runtime.apply_xla_flags(RuntimeSection(xla_flags=" --a=1 "), env)
+    assert out == env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --a=1"
+    assert runtime.apply_xla_flags(RuntimeSection(xla_flags="--b=2"), {}) == "--b=2"
+
+
+def test_xla_flags_reach_a_fresh_process():
+    code = textwrap.dedent("""
+        import os
+        from ais_jax.config.schema import RuntimeSection
+        from ais_jax.run import runtime
+        runtime.apply_xla_flags(RuntimeSection(xla_flags="--xla_cpu_enable_fast_math=false"))
+        import jax
+        print(os.environ["XLA_FLAGS"], jax.numpy.ones(2).sum())
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["--xla_cpu_enable_fast_math=false", "2.0"]

@@ -55,7 +55,8 @@ def _old_by_shape_rule(params, pspec, opt_state, mesh):
 
 def test_logical_axes_come_from_the_table():
     assert shd.LOGICAL_AXES is layout.LOGICAL_AXES
-    assert set(shd.LOGICAL_AXES) == set(layout.TOP_PARAMS) | set(layout.LAYER_PARAMS)
+    assert set(shd.LOGICAL_AXES) == (set(layout.TOP_PARAMS) | set(layout.LAYER_PARAMS)
+                                     | set(layout.ROLLOUT_FUSED))
     used = {a for axes in shd.LOGICAL_AXES.values() for a in axes if a is not None}
     assert used <= set(shd.RULES)
 

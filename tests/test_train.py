@@ -28,11 +28,12 @@ from ais_jax.core.errors import UsageError
 from ais_jax.rollout.codec import PromptCodec
 from ais_jax.run import cli as train
 from ais_jax.training import optim, steps
+from ais_jax.training.flops import TIMING_KEYS
 from ais_jax.training.warmstart import sft_batch
 
 TINY = [*TINY_RUN, "train.learning_rate=0.003"]
 # Metrics that depend on wall time, not on the computation.
-TIMING = {"step_time_s"}
+TIMING = {"step_time_s", *TIMING_KEYS}
 
 
 def _cli(out_dir, *extra, env=None, wait=True):

@@ -162,6 +162,9 @@ def _validate_rest(cfg: Config) -> None:
         cfg.eval.num_samples >= 1, f"eval.num_samples must be >= 1, got {cfg.eval.num_samples}"
     )
     _at_least("mesh", cfg.mesh, ("data", "fsdp", "tensor"), 1)
+    _require(not (cfg.rollout.fused_linears and cfg.mesh.tensor > 1),
+             f"rollout.fused_linears=true needs mesh.tensor=1 (got {cfg.mesh.tensor}): a fused "
+             "q/k/v weight is not split over tensor-parallel devices; set one of them back")
     _require(
         cfg.checkpoint.every >= 0,
         f"checkpoint.every must be >= 0 (0 = never), got {cfg.checkpoint.every}",
@@ -233,6 +236,47 @@ def check_diffusion(cfg: Config) -> None:
     _require(r.top_k == 0 and r.top_p == 1.0,
              "the LLaDA sampler has no top-k / top-p; set rollout.top_k=0 rollout.top_p=1")
     _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")
+    _require(not r.fused_linears, "the LLaDA model has no fused rollout layout; set "
+             "rollout.fused_linears=false")
+
+
+# The parameter table's block linears, the LoRA targets (`ais_jax.models.lora.TARGETS`; the
+# config layer does not import the models, tests/test_lora_train.py keeps the two equal).
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def lora_targets(targets: str) -> tuple[str, ...]:
+    """``lora.targets`` as names: ``"all"`` is every target, else the comma list (stripped)."""
+    if targets.strip() == "all":
+        return LORA_TARGETS
+    return tuple(t.strip() for t in targets.split(","))
+
+
+def check_lora(cfg: Config) -> None:
+    """The model-free checks of the lora section and of ``model.adapter``; the rank against
+    the model's dims is checked at build time (`ais_jax.models.lora.validate_lora`)."""
+    lo = cfg.lora
+    _require(not isinstance(lo.rank, bool) and lo.rank >= 0,
+             f"lora.rank must be >= 0 (0 = off), got {clip(lo.rank)}")
+    if lo.rank == 0:
+        _require(not cfg.model.adapter, f"model.adapter={clip(cfg.model.adapter)} needs LoRA "
+                 "on; set lora.rank > 0 (the adapter's rank)")
+        return
+    _require(lo.alpha > 0, f"lora.alpha must be > 0 (the update is alpha / rank x B A), got "
+             f"{clip(lo.alpha)}")
+    names = lora_targets(lo.targets)
+    unknown = [t for t in names if t not in LORA_TARGETS]
+    _require(not unknown and names, f"lora.targets={clip(lo.targets)}: unknown target(s) "
+             f"{clip(', '.join(unknown))}; use a comma list of {', '.join(LORA_TARGETS)}, or all")
+    _require(len(set(names)) == len(names),
+             f"lora.targets={clip(lo.targets)} names a target twice; list each once")
+    _require(lo.dropout == 0, f"lora.dropout={clip(lo.dropout)}: GRPO with LoRA supports only "
+             "lora.dropout=0 for now (the importance ratios need a deterministic policy)")
+    _require(cfg.model.kind != "llada", "LoRA (lora.rank > 0) is supported for "
+             "autoregressive models; set lora.rank=0 for a LLaDA policy")
+    if cfg.model.adapter and os.environ.get(SKIP_PATH_CHECK_ENV) != "1":
+        _require(os.path.isdir(cfg.model.adapter), f"model.adapter {clip(cfg.model.adapter)} "
+                 "is not a directory; point it at a PEFT adapter directory or set it to ''")
 
 
 def validate_config(cfg: Config) -> None:
@@ -252,6 +296,7 @@ def validate_config(cfg: Config) -> None:
     _validate_rollout_ais(cfg.rollout, cfg.ais)
     _validate_train(cfg.train, cfg.rollout)
     _validate_rest(cfg)
+    check_lora(cfg)
     if cfg.model.kind == "llada":
         check_diffusion(cfg)
     from ais_jax.tasks import check_task_settings  # light: imports no jax

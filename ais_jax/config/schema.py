@@ -61,6 +61,7 @@ class ModelSection:
     intermediate_size: int = 256  # scratch only: MLP width F
     param_dtype: str = "float32"  # trainer master weights: float32 | bfloat16
     compute_dtype: str = "bfloat16"  # trainer forward/backward dtype: float32 | bfloat16
+    adapter: str = ""  # PEFT LoRA adapter directory to start from (lora.rank > 0); '' = fresh
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,10 @@ class RolloutSection:
     weight_scaling: str = "tensor"  # FP8 weight scale granularity: tensor | channel
     lm_head_fp8: bool = False  # also quantize the output projection
     kv_cache_fp8: bool = False  # store the decode KV cache in float8
+    # rollout copy in the fused layout: q/k/v and gate/up as one weight each (same numbers
+    # up to summation order; on an H200 compile no fewer kernels, XLA merges them itself;
+    # FP4 weights stay unfused; needs mesh.tensor = 1; docs/performance.md)
+    fused_linears: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,16 @@ class TrainSection:
     loss_aggregation: str = "token_mean"  # token_mean | seq_mean_token_mean | constant
     reward_format_weight: float = 0.0  # reward bonus for a well-formed answer (chat prompts)
     rng_stream: int = 0  # RL-step key stream of the seed (0 = its own); noise-floor arm of studies
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    """LoRA adapters trained in place of the full model (ais_jax.models.lora)."""
+
+    rank: int = 0  # adapter rank r; 0 = off (full fine-tuning)
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    targets: str = "all"  # adapted linears: all, or a comma list of wq,wk,wv,wo,w_gate,w_up,w_down
+    dropout: float = 0.0  # adapter-input dropout; only 0 in GRPO for now (deterministic ratios)
 
 
 @dataclass(frozen=True)
@@ -233,6 +248,9 @@ class LogSection:
     # this many RL steps, 0 = never; such a step runs an extra trainer forward for logp_old
     completions_every: int = 0
     completions_rows: int = 16  # completions kept per logged step (the first ones), 0 = all
+    # log where each RL step's time goes: timing_s/rollout, timing_s/host, timing_s/update,
+    # perf/tokens_per_s, perf/*_flops_per_s and perf/mfu (docs/performance.md); no extra sync
+    timing: bool = True
 
 
 @dataclass(frozen=True)
@@ -248,6 +266,9 @@ class RuntimeSection:
     # https://ui.perfetto.dev, or the directory (*.xplane.pb) with TensorBoard/XProf
     profile_dir: str = ""
     profile_steps: int = 3  # RL steps traced, from the 2nd step of the process (the 1st compiles)
+    # extra XLA flags for this process, appended to XLA_FLAGS before JAX starts its backend
+    # (e.g. "--xla_gpu_enable_command_buffer=..."); docs/performance.md
+    xla_flags: str = ""
 
 
 @dataclass(frozen=True)
@@ -262,6 +283,7 @@ class Config:
     rollout: RolloutSection = field(default_factory=RolloutSection)  # rollout sampling
     ais: AISSection = field(default_factory=AISSection)  # importance-sampling correction
     train: TrainSection = field(default_factory=TrainSection)  # GRPO optimisation
+    lora: LoraSection = field(default_factory=LoraSection)  # LoRA adapters (rank 0: off)
     sft: SFTSection = field(default_factory=SFTSection)  # supervised warm start
     diffusion: DiffusionSection = field(default_factory=DiffusionSection)  # LLaDA policies
     eval: EvalSection = field(default_factory=EvalSection)  # held-out evaluation

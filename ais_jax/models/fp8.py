@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ais_jax.models import fp4, layout
+from ais_jax.models import fp4, layout, lora
 from ais_jax.models.qarray import E4M3, E5M2, FP4_FORMATS, FP8_DTYPES, QuantArray, fp8_max
 
 ROLLOUT_FORMATS = (*FP8_DTYPES, *FP4_FORMATS)  # to_rollout_params(dtype=...) as strings
@@ -170,18 +170,26 @@ def qdot(
     return y.astype(out_dtype)
 
 
-def linear(x: jax.Array, w: jax.Array | QuantArray, b: jax.Array | None = None,
+def linear(x: jax.Array, w: jax.Array | QuantArray | lora.LoraWeight, b: jax.Array | None = None,
            valid: jax.Array | None = None) -> jax.Array:
     """``x @ w.T + b`` for a full-precision or quantized weight ``w`` ``[out, in]``.
 
     Full-precision weights multiply in ``x.dtype`` with float32 accumulation;
     `QuantArray` weights go through `qdot` (``valid``: ``[...]`` rows that may
-    set its activation scale).  Returns ``[..., out]`` in ``x.dtype``.
+    set its activation scale).  A `ais_jax.models.lora.LoraWeight` multiplies
+    its base weight the same way and adds its LoRA branch
+    (`ais_jax.models.lora.lora_delta`, float32) before the bias, unmerged.
+    Returns ``[..., out]`` in ``x.dtype``.
     """
+    adapter = w if isinstance(w, lora.LoraWeight) else None
+    if adapter is not None:
+        w = adapter.base
     if isinstance(w, QuantArray):
         y = qdot(x, w, out_dtype=jnp.float32, valid=valid)
     else:
         y = _contract_last(x, w.astype(x.dtype), jnp.float32)
+    if adapter is not None:
+        y = y + lora.lora_delta(x, adapter)  # [..., out] float32
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)

@@ -204,9 +204,30 @@ TOP_PARAMS: dict[str, ArrayInfo] = {
                          "normal", fp8="option", when="not tie_embeddings"),
 }
 
+# The rollout copy's fused layout (`ais_jax.models.fused`, ``rollout.fused_linears``): per-layer
+# linears that read the same input, concatenated on their output axis into one weight (and
+# their biases into one bias): 4 GEMMs per layer instead of 7 in the program (XLA's GPU
+# compiler merges the unfused ones the same way: docs/performance.md).  The
+# trainer keeps the table's layout.  Fused name -> its parts, in concatenation order.
+ROLLOUT_FUSED: dict[str, tuple[str, ...]] = {
+    "wqkv": ("wq", "wk", "wv"),
+    "w_gate_up": ("w_gate", "w_up"),
+    "bqkv": ("bq", "bk", "bv"),
+    "b_gate_up": ("b_gate", "b_up"),
+}
+# The fused output axis mixes heads, kv heads (or two ffn halves): no sharding rule maps it,
+# so a fused leaf is replicated over ``tensor`` (the fused layout is refused with mesh.tensor > 1).
+_FUSED_AXES: dict[str, tuple[str | None, ...]] = {
+    "wqkv": ("layers", "fused", "embed"),
+    "w_gate_up": ("layers", "fused", "embed"),
+    "bqkv": ("layers", "fused"),
+    "b_gate_up": ("layers", "fused"),
+}
+
 # Param name -> logical axes (no config needed; what sharding looks leaves up by).
 LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
-    name: info.axes for name, info in (TOP_PARAMS | LAYER_PARAMS).items()
+    **{name: info.axes for name, info in (TOP_PARAMS | LAYER_PARAMS).items()},
+    **_FUSED_AXES,
 }
 
 

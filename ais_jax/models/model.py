@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from ais_jax.models import layout
 from ais_jax.models.fp8 import QuantArray, linear, qdot
+from ais_jax.models.fused import split_sizes
 from ais_jax.models.kv_cache import cache_update
 from ais_jax.models.layout import ARCHITECTURES, ModelConfig  # ModelConfig lives with its table
 
@@ -126,9 +127,14 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-    q = linear(h, lp["wq"], lp.get("bq"), rows).reshape(B, T, Q, H)
-    k = linear(h, lp["wk"], lp.get("bk"), rows).reshape(B, T, K, H)
-    v = linear(h, lp["wv"], lp.get("bv"), rows).reshape(B, T, K, H)
+    if "wqkv" in lp:  # the rollout's fused layout (ais_jax.models.fused): one GEMM
+        qkv = linear(h, lp["wqkv"], lp.get("bqkv"), rows)  # [B, T, QH + 2 KH]
+        q, k, v = jnp.split(qkv, split_sizes("wqkv", Q * H, K * H, 0), axis=-1)
+    else:
+        q = linear(h, lp["wq"], lp.get("bq"), rows)
+        k = linear(h, lp["wk"], lp.get("bk"), rows)
+        v = linear(h, lp["wv"], lp.get("bv"), rows)
+    q, k, v = q.reshape(B, T, Q, H), k.reshape(B, T, K, H), v.reshape(B, T, K, H)
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
@@ -145,8 +151,12 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
     o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
     x = x + linear(o, lp["wo"], lp.get("bo"), rows)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    g = linear(h, lp["w_gate"], lp.get("b_gate"), rows)
-    u = linear(h, lp["w_up"], lp.get("b_up"), rows)
+    if "w_gate_up" in lp:
+        gu = linear(h, lp["w_gate_up"], lp.get("b_gate_up"), rows)  # [B, T, 2 F]
+        g, u = jnp.split(gu, split_sizes("w_gate_up", 0, 0, cfg.intermediate_size), axis=-1)
+    else:
+        g = linear(h, lp["w_gate"], lp.get("b_gate"), rows)
+        u = linear(h, lp["w_up"], lp.get("b_up"), rows)
     x = x + linear(jax.nn.silu(g) * u, lp["w_down"], lp.get("b_down"), rows)
     return x, (k, v)
 

@@ -70,6 +70,7 @@ from ais_jax.models import decode as decode_lib
 from ais_jax.models import kv_cache
 from ais_jax.models import model as model_lib
 from ais_jax.models.fp8 import BLOCK_LINEARS, QuantArray
+from ais_jax.models.layout import ROLLOUT_FUSED
 from ais_jax.rollout.sampler_args import check_int, validate_sample_args
 
 
@@ -145,10 +146,14 @@ def pad_prompts(
 # ----------------------------------------------------------------------------- decoding
 
 
+FUSED_LINEARS = tuple(n for n in ROLLOUT_FUSED if n.startswith("w"))  # wqkv, w_gate_up
+
+
 def _transposable(name: str, w: Any) -> bool:
     # FP8 weights are left alone: XLA CPU hoists their dequantization out of the
     # decode loop, and transposing them measured no faster.
-    return name in (*BLOCK_LINEARS, "lm_head") and not isinstance(w, QuantArray) and w.ndim == 2
+    return (name in (*BLOCK_LINEARS, *FUSED_LINEARS, "lm_head") and not isinstance(w, QuantArray)
+            and w.ndim == 2)
 
 
 def _t(w: Any) -> Any:

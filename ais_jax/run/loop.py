@@ -86,6 +86,8 @@ class _Job:
     manager: Any  # the orbax CheckpointManager of out_dir/checkpoints
     is_main: bool  # process 0: writes metrics, trackers and the export
     use_ref: bool  # train.beta_kl > 0: the KL reference travels with every checkpoint
+    # LoRA: the warm-started frozen base travels with every checkpoint (lora_policy)
+    keep_base: bool
     config: dict[str, Any]  # the flat config stored with each checkpoint
     stop: StopFlag
     state: Any = None
@@ -94,8 +96,17 @@ class _Job:
     protect: int | None = None  # the restored checkpoint: never pruned by checkpoint.keep
 
     def payload(self, state: Any, ref: Any) -> Any:
-        """What a checkpoint holds: the train state, and the KL reference when used."""
+        """What a checkpoint holds: the train state, and the KL reference when used (full
+        fine-tuning) or the warm-started frozen base (LoRA after a warm start)."""
+        if self.keep_base:
+            return (state, self.r.lora.base)
         return (state, ref) if self.use_ref else state
+
+    def model_params(self, params: Any) -> Any:
+        """The model's params of the state's (LoRA: the adapters merged into the base)."""
+        from ais_jax.training.lora_policy import model_params
+
+        return model_params(self.r, params)
 
     def save(self, step: int) -> bool:
         from ais_jax.run import checkpoint as ckpt
@@ -131,7 +142,9 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
             return _already_done(cfg, last, meta, metrics_path)
     r = build_run(cfg, reward_fns, dataset)
     evaluate, eval_fn = make_evaluator(r)
-    job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0, runguard.flat_config(cfg), stop)
+    lora_on = r.lora is not None  # the KL reference is then the frozen base itself
+    job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0 and not lora_on,
+               lora_on and r.fns.sft is not None, runguard.flat_config(cfg), stop)
     writer = Trackers(cfg, job.config, enabled=is_main)  # opens (or fails) before any work
     try:
         start = _start(job, last is not None, evaluate)
@@ -146,7 +159,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
         writer.close()
     stop.phase = "finish"
     final_step = max(steps, start or 0)
-    eval_after = evaluate(job.state.params)
+    eval_after = evaluate(job.model_params(job.state.params))
     if cfg.checkpoint.every and final_step % cfg.checkpoint.every:
         job.save(final_step)
     ckpt.close(manager)
@@ -154,10 +167,12 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
                 "score": r.fns.score._cache_size(),  # 0 when never called
                 "eval": eval_fn._cache_size()}
     # Params sharded across processes are gathered by every process (a collective).
-    params = job.state.params
+    params = job.model_params(job.state.params)
     final_params = to_host(params) if jax.process_count() > 1 else params
+    adapters = None if r.lora is None else to_host(job.state.params)
     if is_main:
-        _finish(cfg, r, final_params, job.eval_before, eval_after, compiles, final_step)
+        _finish(cfg, r, final_params, job.eval_before, eval_after, compiles, final_step,
+                adapters)
     if stop.signum:
         print(f"received {signal.Signals(stop.signum).name} after the last step: the results "
               "are complete", file=sys.stderr, flush=True)
@@ -177,7 +192,11 @@ def _start(job: _Job, resume: bool, evaluate: Any) -> int | None:
         start, restored, meta = runguard.restore_latest(
             ckpt, job.manager, cfg.out_dir, job.payload(r.state, r.state.params), job.is_main)
         runguard.check_resume_config(meta, cfg, start, cfg.out_dir)
-        job.state, job.ref_params = restored if job.use_ref else (restored, None)
+        if job.keep_base:
+            job.state, base = restored
+            r.lora.set_base(base)
+        else:
+            job.state, job.ref_params = restored if job.use_ref else (restored, None)
         job.eval_before = meta.get("eval_before")
         job.protect = start
         r.prompt_bucket = int(meta.get("prompt_bucket", r.prompt_bucket))
@@ -220,7 +239,7 @@ def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any
                                      on_samples)
             record = {"step": step + 1, **rec, "step_time_s": time.perf_counter() - t0}
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < steps:
-                ev = evaluate(job.state.params)
+                ev = evaluate(job.model_params(job.state.params))
                 record["eval_accuracy"] = ev["accuracy"]
                 if "sampled_accuracy" in ev:
                     record["eval_sampled_accuracy"] = ev["sampled_accuracy"]
@@ -268,14 +287,17 @@ def _before_grpo(job: _Job, evaluate: Any) -> tuple[Any, dict]:
     if r.fns.sft is not None:
         bar = _progress_fn("sft", r.cfg.log.progress and job.is_main)
         log = WarmStartLog()
-        state = state._replace(params=warm_start(r, state.params, bar, log=log,
-                                                 stop=stop.agreed))
+        if r.lora is not None:  # a full fine-tune whose result becomes the frozen base
+            r.lora.set_base(warm_start(r, r.lora.start, bar, log=log, stop=stop.agreed))
+        else:
+            state = state._replace(params=warm_start(r, state.params, bar, log=log,
+                                                     stop=stop.agreed))
         if stop.signum:
             _stopped_before_grpo(stop.signum, f"during the warm start, after its step "
                                  f"{log.steps_run}")
         if job.is_main:
             _report_warm_start(r.cfg, log)
-    eval_before = evaluate(state.params)
+    eval_before = evaluate(job.model_params(state.params))
     if stop.agreed():
         _stopped_before_grpo(stop.signum or 0, "during the evaluation before GRPO")
     if job.is_main:
@@ -318,8 +340,9 @@ def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
 
 
 def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
-            compiles: dict[str, int], step: int) -> None:
-    """Export the final policy (HF directory + tokenizer) atomically, then write summary.json
+            compiles: dict[str, int], step: int, adapters: Any = None) -> None:
+    """Export the final policy (HF directory + tokenizer; with LoRA the merged model and the
+    adapters in PEFT's format under ``adapter/``) atomically, then write summary.json
     (naming ``step``), then print the result (`ais_jax.run.results`)."""
     from ais_jax.models.pretrained import save_pretrained
     from ais_jax.training.placement import to_host as to_host_tree
@@ -331,6 +354,12 @@ def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
             save_llada(directory, to_host_tree(params), r.model_cfg)
         else:
             save_pretrained(params, r.model_cfg, directory)
+        if adapters is not None:
+            from ais_jax.models.peft_io import save_peft_adapter
+
+            save_peft_adapter(adapters, r.lora.cfg, r.model_cfg,
+                              os.path.join(directory, results.ADAPTER_DIR),
+                              base_model_name_or_path=cfg.model.source)
         tok = r.codec.tokenizer
         if hasattr(tok, "save"):
             tok.save(directory)

@@ -251,7 +251,7 @@ def _memory(compiled: Any, seconds: float) -> dict[str, float]:
 
 def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: Any,
                       optimizer: optax.GradientTransformation,
-                      prompt_len: int) -> dict[str, dict[str, float]]:
+                      prompt_len: int, lora_policy: Any = None) -> dict[str, dict[str, float]]:
     """``{"update", "rollout"}``: per-device ``memory_analysis()`` bytes and compile seconds."""
     import jax
     import jax.numpy as jnp
@@ -265,13 +265,13 @@ def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: An
                                              if model_cfg.eos_token_id is not None else ())
     pad = model_cfg.pad_token_id if model_cfg.pad_token_id is not None else (eos[0] if eos else 0)
     fns = steps.build_step_fns(state, mesh, optimizer, None, model_cfg, cfg,
-                               steps.TokenIds(eos, pad))
+                               steps.TokenIds(eos, pad), lora_policy)
     sds = jax.ShapeDtypeStruct
     key = jax.eval_shape(lambda: jax.random.key(0))
     batch = steps.RolloutBatch(sds((B, P), jnp.int32), sds((B, P), jnp.bool_),
                                sds((B, N), jnp.int32), sds((B, N), jnp.float32),
                                sds((B, N), jnp.float32))
-    ref = state.params if cfg.train.beta_kl > 0 else None
+    ref = state.params if cfg.train.beta_kl > 0 and lora_policy is None else None
     out = {}
     t0 = time.perf_counter()
     # The run's update program: logp_old comes from the score program (a forward of the
@@ -324,11 +324,17 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
     _check_batch(cfg, shd.batch_divisor(mesh))
     optimizer, _ = build.build_optimizers(cfg)
     state = abstract_state(cfg, model_cfg, mesh, optimizer)
-    programs = _compile_programs(cfg, model_cfg, mesh, state, optimizer, prompt_len)
-    analytic = analytic_bytes(cfg, model_cfg, mesh, state, prompt_len)
-    # The optimizer state (and the KL reference) stay on the device during the rollout.
+    full, pol = state, None
+    if cfg.lora.rank > 0:  # the state holds the adapters; the programs take the frozen base
+        from ais_jax.run.plan_report import abstract_lora
+        state, pol = abstract_lora(cfg, model_cfg, mesh, full, optimizer)
+    programs = _compile_programs(cfg, model_cfg, mesh, state, optimizer, prompt_len, pol)
+    # LoRA: the params are the base (compute dtype), the optimizer state the adapters'
+    analytic = analytic_bytes(cfg, model_cfg, mesh, state if pol is None else full._replace(
+        params=pol.base, opt_state=state.opt_state), prompt_len)
+    # The optimizer state (and the KL reference, unless it is LoRA's base) stay on the device.
     resident = analytic["opt_state_bytes"]
-    if cfg.train.beta_kl > 0:
+    if cfg.train.beta_kl > 0 and pol is None:
         resident += analytic["params_bytes"]
     roll_peak = programs["rollout"]["peak_bytes"] + resident
     r = cfg.rollout
@@ -339,7 +345,9 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
         "backend": jax.default_backend(),
         "model": {"source": cfg.model.source, "from": origin, "params": model_cfg.num_params,
                   "layers": model_cfg.num_layers, "hidden": model_cfg.hidden_size,
-                  "vocab": model_cfg.vocab_size, "param_dtype": cfg.model.param_dtype},
+                  "vocab": model_cfg.vocab_size, "lora_rank": cfg.lora.rank,
+                  "param_dtype": cfg.model.param_dtype if pol is None else
+                  f"{cfg.model.compute_dtype} frozen base + LoRA r={cfg.lora.rank} float32"},
         "mesh": {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor},
         "shapes": {"prompts": r.prompts_per_step, "group": r.group_size,
                    "rows": r.prompts_per_step * r.group_size, "prompt_len": prompt_len,

@@ -189,3 +189,35 @@ def format_plan(plan: dict[str, Any]) -> str:
             f"[{w['shape'][1]}x{w['shape'][2]}] matmul takes {w['temp_bytes'] / 1e6:.1f} MB of "
             f"temporaries for {w['operand_bytes'] / 1e6:.1f} MB of operands (an accelerator: 0)")
     return "\n".join(lines)
+
+
+def abstract_lora(cfg: Config, model_cfg: Any, mesh: Mesh, state: Any,
+                  optimizer: Any) -> tuple[Any, Any]:
+    """``(adapters' TrainState, LoraPolicy of the base)`` of sharded ShapeDtypeStructs, from
+    full fine-tuning's abstract ``state`` (``python -m ais_jax.plan`` with ``lora.rank > 0``;
+    the base in the compute dtype, laid out as ``state.params``).
+
+    Raises:
+      UsageError: the rank exceeds a target's dimension.
+    """
+    import jax
+
+    from ais_jax.models import lora
+    from ais_jax.training import sharding as shd
+    from ais_jax.training.lora_policy import DTYPES, LoraPolicy, adapter_shardings, lora_config
+    from ais_jax.training.optim import TrainState
+
+    lcfg = lora_config(cfg)
+    lora.validate_lora(lcfg, model_cfg)
+    dtype = DTYPES[cfg.model.compute_dtype]
+    psh = jax.tree.map(lambda x: x.sharding, state.params)
+    base = with_shardings(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype),
+                                       state.params), psh)
+    shapes = jax.eval_shape(lambda k: lora.init_adapters(k, model_cfg, lcfg),
+                            jax.random.key(0))
+    ash = adapter_shardings(shapes, lcfg, mesh)
+    adapters = with_shardings(shapes, ash)
+    opt = jax.eval_shape(optimizer.init, adapters)
+    opt = with_shardings(opt, shd.opt_state_shardings(opt, ash, mesh))
+    pol = LoraPolicy(lcfg, base, psh, dtype)
+    return TrainState(adapters, opt, state.step, state.skipped), pol

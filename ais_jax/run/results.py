@@ -28,6 +28,7 @@ from ais_jax.core.errors import UsageError, storage_error
 
 SUMMARY = "summary.json"
 FINAL = "final"
+ADAPTER_DIR = "adapter"  # under FINAL with LoRA: the adapters in PEFT's format
 METRICS = "metrics.jsonl"
 
 

@@ -203,7 +203,11 @@ def check_resume_config(meta: dict[str, Any], cfg: Any, step: int, out_dir: str)
         warn(f"checkpoint step {step} in {out_dir} stores no config (an older run); "
              "resuming without checking that the config is unchanged")
         return
-    changes = config_changes(old, flat_config(cfg))
+    new = flat_config(cfg)
+    # keys added after the checkpoint was written (e.g. lora.*) at their defaults change nothing
+    defaults = flat_config(type(cfg)())
+    old = {**{k: v for k, v in defaults.items() if k not in old and new.get(k) == v}, **old}
+    changes = config_changes(old, new)
     if changes:
         shown = ", ".join(f"{k} {a!r}->{b!r}" for k, a, b in changes[:4])
         more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""

@@ -146,8 +146,38 @@ def check_profile_dir(rt: RuntimeSection) -> str | None:
     return path
 
 
+def apply_xla_flags(rt: RuntimeSection, environ: dict[str, str] | None = None) -> str:
+    """Appends ``runtime.xla_flags`` to ``XLA_FLAGS`` (the user's flags come last and win).
+
+    XLA reads ``XLA_FLAGS`` once, when JAX starts its backend, so this must run
+    before the first ``jax.devices()`` / compilation of the process.
+
+    Args:
+      rt: the ``runtime`` section of the config.
+      environ: the environment to update (default ``os.environ``).
+
+    Returns:
+      The resulting ``XLA_FLAGS`` value.
+
+    Raises:
+      UsageError: flags were given but JAX's backend already started (they would be ignored).
+    """
+    environ = os.environ if environ is None else environ
+    extra = rt.xla_flags.strip()
+    if not extra:
+        return environ.get("XLA_FLAGS", "")
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise UsageError("runtime.xla_flags cannot take effect: JAX's backend already started in "
+                         "this process; set XLA_FLAGS in the environment before starting Python")
+    environ["XLA_FLAGS"] = " ".join(x for x in (environ.get("XLA_FLAGS", ""), extra) if x)
+    return environ["XLA_FLAGS"]
+
+
 def setup(rt: RuntimeSection) -> str | None:
-    """Prepares a run's process: the compilation cache on, the trace directory checked.
+    """Prepares a run's process: XLA flags, the compilation cache on, the trace directory
+    checked.
 
     Call at the start of a run, before the first compilation, so that a bad
     directory fails in a second.
@@ -161,6 +191,7 @@ def setup(rt: RuntimeSection) -> str | None:
     Raises:
       UsageError: a directory cannot be created or written.
     """
+    apply_xla_flags(rt)
     path = setup_compile_cache(rt)
     check_profile_dir(rt)
     return path

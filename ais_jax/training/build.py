@@ -44,6 +44,8 @@ class Run:
     eval_problems: list[Any]
     prompt_bucket: int  # P: prompt length every batch is left-padded to
     rewards: tuple[Any, ...] = ()  # ais_jax.tasks.user_rewards.UserReward: reward functions
+    # LoRA on (lora.rank > 0): the frozen base and settings; state.params are the adapters
+    lora: Any = None  # ais_jax.training.lora_policy.LoraPolicy
 
     @property
     def is_llada(self) -> bool:
@@ -328,15 +330,25 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
       dataset: training rows replacing ``task.train_file`` (`build_task`).
     """
     from ais_jax.tasks.user_rewards import build_rewards
+    from ais_jax.training import lora_policy as lp
     from ais_jax.training.placement import place
 
     task = build_task(cfg, dataset)
     rewards = build_rewards(cfg.reward, reward_fns)
     mesh = build_mesh(cfg)
-    params, model_cfg, codec = build_model(cfg, task)
-    if cfg.model.param_dtype == "bfloat16":
-        optim.check_bf16_master(params, cfg.train.learning_rate)
     optimizer, sft_opt = build_optimizers(cfg)
+    lora_cfg = lp.lora_config(cfg)
+    if lora_cfg is not None and model_kind(cfg) == "llada":
+        raise UsageError("LoRA (lora.rank > 0) is supported for autoregressive models; set "
+                         "lora.rank=0 for a LLaDA policy")
+    model_src_cfg = cfg
+    if lora_cfg is not None and cfg.model.source != "scratch":
+        # the frozen base is kept in the compute dtype: load it so (no float32 copy)
+        model_src_cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+            cfg.model, param_dtype=cfg.model.compute_dtype))
+    params, model_cfg, codec = build_model(model_src_cfg, task)
+    if cfg.model.param_dtype == "bfloat16" and lora_cfg is None:
+        optim.check_bf16_master(params, cfg.train.learning_rate)
     eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
                                   **dict(cfg.task.difficulty))
     first = problems_at(cfg, task, 0, 0, cfg.rollout.prompts_per_step)
@@ -354,8 +366,18 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
     # the bucket (P, prompt + slack) never passes the positions the prompts fit in
     bucket = min(bucket_length(longest + 4, pow2_max=0),
                  model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens)
-    state = optim.init_train_state(params, optimizer)
     ids = st.TokenIds(codec.eos_ids, codec.pad_id)
+    if lora_cfg is not None:
+        adapters = lp.initial_adapters(cfg, model_cfg, lora_cfg)  # UsageError: rank, shapes
+        pol = lp.make_policy(cfg, params, mesh)
+        pol.start = params if sft_opt is not None else None  # the warm start's full params
+        del params
+        state = optim.init_train_state(adapters, optimizer)
+        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids, pol)
+        state = place(state, fns.state_shardings)
+        return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state,
+                   eval_problems, bucket, rewards, pol)
+    state = optim.init_train_state(params, optimizer)
     if model_kind(cfg) == "llada":
         from ais_jax.training.llada.steps import build_step_fns as build_llada_fns
 

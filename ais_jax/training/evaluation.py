@@ -23,6 +23,7 @@ from ais_jax.training import sharding as shd
 from ais_jax.training.build import Run
 from ais_jax.training.placement import to_global, to_host
 from ais_jax.training.policy import cast_params
+from ais_jax.training.steps import model_shardings
 
 
 def _sampler_fn(run: Run, num_samples: int) -> Any:
@@ -40,7 +41,7 @@ def _sampler_fn(run: Run, num_samples: int) -> Any:
             top_k=0 if greedy else r.top_k, top_p=1.0 if greedy else r.top_p,
             eos_id=run.codec.eos_ids or None, num_samples=num_samples)
 
-    return jax.jit(fn, in_shardings=(fns.state_shardings.params, fns.batch_sharding,
+    return jax.jit(fn, in_shardings=(model_shardings(fns), fns.batch_sharding,
                                      fns.batch_sharding, rep),
                    out_shardings=fns.batch_sharding)
 
@@ -65,7 +66,7 @@ def _llada_sampler_fn(run: Run, num_samples: int) -> Any:
         toks = out.tokens[:, pt.shape[1]:]
         return _Responses(toks, completion_mask(toks, eos))
 
-    return jax.jit(fn, in_shardings=(fns.state_shardings.params, fns.batch_sharding,
+    return jax.jit(fn, in_shardings=(model_shardings(fns), fns.batch_sharding,
                                      fns.batch_sharding, shd.replicated(run.mesh)),
                    out_shardings=fns.batch_sharding)
 

@@ -68,6 +68,8 @@ class Scoring(NamedTuple):
       constrain: sharding constraint for activations (batch axis), or None.
       head_constrain: rows constraint of a vocab-parallel ``lm_head``
         (`ais_jax.training.sharding.head_constraint`), or None.
+      view: ``params -> model params`` applied first (LoRA: the adapters onto the frozen
+        base, `ais_jax.training.lora_policy.view`), or None (the params are the model's).
     """
 
     temperature: float = 1.0
@@ -78,6 +80,7 @@ class Scoring(NamedTuple):
     remat: str = "none"
     constrain: Constrain | None = None
     head_constrain: Constrain | None = None
+    view: Any = None
 
 
 DEFAULT_SCORING = Scoring()
@@ -119,6 +122,8 @@ def trainer_logprobs(
       ``[B, N]`` float32, or the pair with ``both``.
     """
     s = scoring
+    if s.view is not None:
+        params = s.view(params)
     return completion_logprobs(cast_params(params, s.compute_dtype), prompt_tokens, prompt_mask,
                                tokens, cfg, s.temperature, s.top_k, s.top_p, chunk=s.chunk,
                                remat=s.remat, constrain=s.constrain,

@@ -17,12 +17,26 @@ table, `ais_jax.run.trackers`), which receives the step's per-row samples.
 
 ``record`` holds the training accuracy (share of verified completions) and
 every metric of the update (docs/spec.md section 5: reward, d_bar, ESS ratio,
-alpha and its parts, loss, ...).  The CLI loop (`ais_jax.run.cli`) adds the step
-number, timing and evaluations, and logs it.
+alpha and its parts, loss, ...), and with ``log.timing`` where the step's time
+went (`ais_jax.training.flops.perf_record`, docs/performance.md).  The CLI loop
+(`ais_jax.run.cli`) adds the step number, the step's wall time and evaluations,
+and logs it.
+
+Timing adds no device sync: the marks are taken where the host already waits.
+``timing_s/rollout`` runs from the rollout's dispatch to its tokens and mask on
+the host (the weight sync / FP8 quantization inside the rollout program, the
+transfer, and on the first step or a new prompt bucket the compilation of the
+rollout and score programs); ``timing_s/host`` is the prompt encoding before it
+plus everything from the tokens on the host to the update's dispatch (decode to
+text, verification, user rewards, the completions table's logp_old transfer);
+``timing_s/update`` runs from the update's dispatch to its metrics on the host
+(with what remains of the logp_old forward, dispatched before the host work and
+overlapping it, and the update's compilation on its first call).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +49,7 @@ from ais_jax.rollout.sampler import bucket_length
 from ais_jax.tasks import RewardConfig, score_batch
 from ais_jax.tasks.user_rewards import score_rewards
 from ais_jax.training.build import Run
+from ais_jax.training.flops import StepTimes, grpo_step_flops, perf_record
 from ais_jax.training.optim import TrainState
 from ais_jax.training.placement import to_global, to_host
 
@@ -75,6 +90,10 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
                               format_weight=cfg.train.reward_format_weight)
     weights = np.asarray([r.weight for r in run.rewards], np.float32)
     sh = fns.batch_sharding
+    timing = cfg.log.timing
+    clock = time.perf_counter if timing else _no_clock
+    kl = ref_params is not None and cfg.train.beta_kl > 0
+    device, num_devices = (jax.devices()[0], jax.device_count()) if timing else (None, 0)
 
     def rl_step(state: TrainState, problems: Sequence[Any], key: jax.Array,
                 on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
@@ -89,18 +108,23 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
             update does not need one); None: nothing extra.
 
         Returns:
-          ``(new_state, record)``: ``record`` maps metric names to floats.
+          ``(new_state, record)``: ``record`` maps metric names to floats (with
+          ``log.timing``, `ais_jax.training.flops.TIMING_KEYS` too: see the module
+          docstring for what each interval holds).
         """
+        t_start = clock()
         rkey, ukey = jax.random.split(key)
         seqs = [codec.encode_prompt(p) for p in problems]
         grow_prompt_bucket(run, max(len(s) for s in seqs))
         pt, pm = codec.pad(seqs, run.prompt_bucket)
+        t_rollout = clock()
         batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
         # Dispatched now, so the trainer's logp_old forward runs while the host
         # decodes and verifies (unless the update takes it from its own forward).
         need = fns.score_for_update or on_samples is not None
         logp_old = fns.score(state.params, batch) if need else None
         toks, msk = to_host(batch.tokens), to_host(batch.mask)
+        t_tokens = clock()
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
         flat = [p for p in problems for _ in range(G)]
         rewards, correct = score_batch(run.task, texts, flat, reward_cfg)
@@ -114,12 +138,23 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
                 lo, lr = lo[0], lr[0]
             stats = ratio_stats(lo, lr, msk)
             on_samples([codec.prompt_text(p) for p in flat], texts, rewards, stats)
+        t_update = clock()
         state, met = fns.update(state, batch, rewards_g, ukey, ref_params,
                                 logp_old if fns.score_for_update else None)
         record = {"accuracy": float(np.mean(correct))}
         record.update({k: float(v) for k, v in jax.device_get(met).items()})
+        if timing:
+            times = StepTimes(t_start, t_rollout, t_tokens, t_update, time.perf_counter())
+            flops = grpo_step_flops(cfg, run.model_cfg, pt.shape[1], int(msk.sum(1).max()),
+                                    kl=kl, score_separately=fns.score_for_update)
+            record.update(perf_record(times, float(msk.sum()), flops, device, num_devices))
         record.update({f"reward/{r.name}": float(user[:, j].mean())
                        for j, r in enumerate(run.rewards)})
         return state, record
 
     return rl_step
+
+
+def _no_clock() -> float:
+    """The clock of ``log.timing=false``: no time is read."""
+    return 0.0

@@ -46,6 +46,7 @@ RULES: dict[str, Rule] = {
     "layers": None,
     "head_vocab": ("fsdp", "tensor"),  # the untied lm_head runs vocab-parallel
     "head_embed": None,
+    "fused": None,  # the rollout's fused q/k/v and gate/up output axis (models/layout.py)
 }
 ROLLOUT_RULES: dict[str, Rule] = RULES | {"embed": None, "head_vocab": "tensor"}
 

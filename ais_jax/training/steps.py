@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 
 from ais_jax.config.schema import Config, RolloutSection
 from ais_jax.method.distributions import token_logprobs
-from ais_jax.models import fp8
+from ais_jax.models import fp8, fused
 from ais_jax.models.model import ModelConfig
 from ais_jax.rollout import sampler
 from ais_jax.training import sharding as shd
@@ -38,8 +38,8 @@ from ais_jax.training.trainer import (
     update,
 )
 
-__all__ = ["DTYPES", "RolloutBatch", "StepFns", "TokenIds", "build_step_fns", "remat_policy",
-           "rollout", "rollout_params", "sft_loss", "state_shardings", "update"]
+__all__ = ["DTYPES", "RolloutBatch", "StepFns", "TokenIds", "build_step_fns", "model_shardings",
+           "remat_policy", "rollout", "rollout_params", "sft_loss", "state_shardings", "update"]
 
 
 class TokenIds(NamedTuple):
@@ -79,6 +79,8 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
       `RolloutBatch` with ``Pn * G`` rows.
     """
     rp = rollout_params(params, r)
+    if r.fused_linears:
+        rp = fused.fuse_linears(rp)
     if mesh is not None:
         rp = jax.lax.with_sharding_constraint(rp, shd.param_shardings(rp, mesh, rollout=True))
     out = sampler.sample(
@@ -147,11 +149,25 @@ class StepFns(NamedTuple):
     batch_sharding: Any
     # whether the update needs ``score``'s logp_old (False: it takes it from its own forward)
     score_for_update: bool = True
+    # shardings of the model's params (evaluation, warm start); None: state_shardings.params.
+    # With LoRA the state's params are the adapters and these are the base's.
+    model_shardings: Any = None
 
 
-def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
-    """Shardings of a `TrainState`: params by the rules table, optimizer leaves by path."""
-    pspec = shd.param_shardings(state.params, mesh)
+def model_shardings(fns: StepFns) -> Any:
+    """The shardings of the model's params (of the state's params without LoRA)."""
+    return fns.state_shardings.params if fns.model_shardings is None else fns.model_shardings
+
+
+def state_shardings(state: TrainState, mesh: Mesh, lora_cfg: Any = None) -> TrainState:
+    """Shardings of a `TrainState`: params by the rules table, optimizer leaves by path;
+    with ``lora_cfg`` the params are adapters (`ais_jax.training.lora_policy.adapter_shardings`)."""
+    if lora_cfg is None:
+        pspec = shd.param_shardings(state.params, mesh)
+    else:
+        from ais_jax.training.lora_policy import adapter_shardings
+
+        pspec = adapter_shardings(state.params, lora_cfg, mesh)
     rep = shd.replicated(mesh)
     return TrainState(pspec, shd.opt_state_shardings(state.opt_state, pspec, mesh), rep, rep)
 
@@ -164,12 +180,20 @@ def build_step_fns(
     model_cfg: ModelConfig,
     cfg: Config,
     ids: TokenIds,
+    lora_policy: Any = None,
 ) -> StepFns:
-    """Jitted rollout / update / SFT functions with explicit shardings (compiled on first call)."""
-    st_sh = state_shardings(state, mesh)
+    """Jitted rollout / update / SFT functions with explicit shardings (compiled on first call).
+
+    With ``lora_policy`` (`ais_jax.training.lora_policy.LoraPolicy`) the state's params are
+    the adapters, and rollout / score / update are `_lora_step_fns`'s.
+    """
+    st_sh = state_shardings(state, mesh, None if lora_policy is None else lora_policy.cfg)
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)
     rollout_sh = RolloutBatch(b2, b2, b2, b2, b2)
+    sft_jit = _sft_jit(sft_optimizer, model_cfg, cfg, mesh)
+    if lora_policy is not None:
+        return _lora_step_fns(lora_policy, st_sh, mesh, optimizer, model_cfg, cfg, ids, sft_jit)
 
     def rollout_fn(params, prompt_tokens, prompt_mask, key):
         return rollout(params, prompt_tokens, prompt_mask, key, model_cfg, cfg.rollout, ids, mesh)
@@ -188,6 +212,50 @@ def build_step_fns(
     # update takes it from its own forward.
     score_jit = jax.jit(lambda params, batch: score(params, batch, model_cfg, cfg, mesh),
                         in_shardings=(st_sh.params, rollout_sh), out_shardings=b2)
+    return StepFns(rollout_jit, score_jit, update_jit, sft_jit, st_sh, b2,
+                   not single_forward(cfg))
+
+
+def _lora_step_fns(pol: Any, st_sh: TrainState, mesh: Mesh,
+                   optimizer: optax.GradientTransformation, model_cfg: ModelConfig, cfg: Config,
+                   ids: TokenIds, sft_jit: Any) -> StepFns:
+    """LoRA's programs: each takes the frozen base first (not donated, not differentiated)
+    and is wrapped in `ais_jax.training.lora_policy.Bound`, so callers pass what they pass
+    without LoRA.  The rollout copy is quantized from the merged weights; trainer forwards see
+    ``with_adapters(base, adapters)``; the KL reference is the base."""
+    from ais_jax.training import lora_policy as lp
+
+    rep, b2, base_sh, lcfg = shd.replicated(mesh), shd.batch_sharding(mesh, 2), \
+        pol.base_shardings, pol.cfg
+    rollout_sh = RolloutBatch(b2, b2, b2, b2, b2)
+
+    def rollout_fn(base, adapters, prompt_tokens, prompt_mask, key):
+        return rollout(lp.merged(base, adapters, lcfg), prompt_tokens, prompt_mask, key,
+                       model_cfg, cfg.rollout, ids, mesh)
+
+    def update_fn(base, state, batch, rewards, key, ref_params, logp_old):
+        del ref_params  # the KL reference is the base
+        ref = base if cfg.train.beta_kl > 0 else None
+        return update(state, batch, rewards, key, ref, optimizer, model_cfg, cfg, mesh,
+                      logp_old, view=lp.view(base, lcfg))
+
+    def score_fn(base, adapters, batch):
+        return score(adapters, batch, model_cfg, cfg, mesh, view=lp.view(base, lcfg))
+
+    rollout_jit = jax.jit(rollout_fn, in_shardings=(base_sh, st_sh.params, b2, b2, rep),
+                          out_shardings=rollout_sh)
+    update_jit = jax.jit(update_fn, in_shardings=(base_sh, st_sh, rollout_sh, b2, rep, None, b2),
+                         out_shardings=(st_sh, rep), donate_argnums=(1,))
+    score_jit = jax.jit(score_fn, in_shardings=(base_sh, st_sh.params, rollout_sh),
+                        out_shardings=b2)
+    return StepFns(lp.Bound(rollout_jit, pol), lp.Bound(score_jit, pol),
+                   lp.Bound(update_jit, pol), sft_jit, st_sh, b2, not single_forward(cfg),
+                   base_sh)
+
+
+def _sft_jit(sft_optimizer: optax.GradientTransformation | None, model_cfg: ModelConfig,
+             cfg: Config, mesh: Mesh) -> Any:
+    """The warm start's jitted step (full fine-tuning, LoRA or not), or None."""
     sft_jit = None
     if sft_optimizer is not None:
         def sft_fn(params, opt_state, tokens, loss_mask):
@@ -199,5 +267,4 @@ def build_step_fns(
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
         sft_jit = jax.jit(sft_fn, donate_argnums=(0, 1))
-    return StepFns(rollout_jit, score_jit, update_jit, sft_jit, st_sh, b2,
-                   not single_forward(cfg))
+    return sft_jit

@@ -68,16 +68,18 @@ def remat_policy(cfg: Config) -> str:
     return "none" if cfg.model.source == "scratch" else "full"
 
 
-def scoring(cfg: Config, mesh: Mesh | None = None, vocab_size: int = 0) -> policy.Scoring:
+def scoring(cfg: Config, mesh: Mesh | None = None, vocab_size: int = 0,
+            view: Any = None) -> policy.Scoring:
     """How the trainer scores completions: the rollout's distribution, the model's compute
     dtype, the head chunk, the remat policy and (with a mesh) batch-sharded activations and a
-    vocab-parallel untied head (``vocab_size``: the head's rows)."""
+    vocab-parallel untied head (``vocab_size``: the head's rows); ``view`` maps the state's
+    params to the model's (LoRA, `ais_jax.training.lora_policy.view`; None: identity)."""
     r = cfg.rollout
     return policy.Scoring(r.temperature, r.top_k, r.top_p, DTYPES[cfg.model.compute_dtype],
                         chunk=cfg.train.logprob_chunk, remat=remat_policy(cfg),
                         constrain=None if mesh is None else shd.batch_constraint(mesh),
                         head_constrain=None if mesh is None
-                        else shd.head_constraint(mesh, vocab_size))
+                        else shd.head_constraint(mesh, vocab_size), view=view)
 
 
 def loss_config(t: TrainSection) -> grpo.LossConfig:
@@ -99,7 +101,7 @@ def truncates(cfg: Config) -> bool:
 
 
 def score(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, cfg: Config,
-          mesh: Mesh | None, *, full: bool = False) -> Any:
+          mesh: Mesh | None, *, full: bool = False, view: Any = None) -> Any:
     """Detached trainer log-probs ``[B, N]`` of the whole batch, scored ``gradient_rows`` rows at
     a time (so the no-grad pass never holds more activations than one gradient does).
 
@@ -111,6 +113,7 @@ def score(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, cfg: Config,
       mesh: the trainer's mesh, or None.
       full: score under the full (untruncated) tempered distribution only
         (the KL reference).
+      view: ``params -> model params`` (LoRA), or None.
 
     Returns:
       ``[B, N]`` float32 under the sampler's distribution; when it truncates
@@ -120,7 +123,7 @@ def score(params: Any, batch: RolloutBatch, model_cfg: ModelConfig, cfg: Config,
     B = batch.tokens.shape[0]
     parts = max(1, B // gradient_rows(cfg))
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
-    sc = scoring(cfg, mesh, model_cfg.vocab_size)
+    sc = scoring(cfg, mesh, model_cfg.vocab_size, view)
     both = truncates(cfg) and not full
     if full:
         sc = sc._replace(top_k=0, top_p=1.0)
@@ -157,7 +160,8 @@ def _minibatches(gb: grpo.GRPOBatch, key: jax.Array, M: int, shards: int,
 
 def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
                        optimizer: optax.GradientTransformation, model_cfg: ModelConfig,
-                       cfg: Config, mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
+                       cfg: Config, mesh: Mesh | None,
+                       view: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """``epochs x minibatches`` guarded updates over ``gb`` (rows reshuffled each epoch),
     each accumulated over ``train.micro_batch_size``-row micro-batches when set."""
     B = gb.tokens.shape[0]
@@ -165,7 +169,7 @@ def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
     M = t.minibatches
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
     micro = (B // M) // t.micro_batch_size if t.micro_batch_size else 1
-    loss_cfg, sc = loss_config(t), scoring(cfg, mesh, model_cfg.vocab_size)
+    loss_cfg, sc = loss_config(t), scoring(cfg, mesh, model_cfg.vocab_size, view)
 
     def loss_fn(params: Any, mb: grpo.GRPOBatch,
                 totals: grpo.LossTotals | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -217,9 +221,10 @@ def _correct(logp_old: Any, batch: RolloutBatch, adv_tok: jax.Array,
 def _single_forward_update(state: TrainState, batch: RolloutBatch, adv_tok: jax.Array,
                            logp_ref: jax.Array | None, optimizer: optax.GradientTransformation,
                            model_cfg: ModelConfig, cfg: Config,
-                           mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
+                           mesh: Mesh | None,
+                           view: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One guarded step whose ``logp_old`` is the stop-gradient of its own forward."""
-    loss_cfg, sc = loss_config(cfg.train), scoring(cfg, mesh, model_cfg.vocab_size)
+    loss_cfg, sc = loss_config(cfg.train), scoring(cfg, mesh, model_cfg.vocab_size, view)
     both = truncates(cfg)
 
     def loss_fn(params: Any, b: RolloutBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -247,6 +252,7 @@ def update(
     logp_old: jax.Array | None = None,
     *,
     one_pass: bool | None = None,
+    view: Any = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Advantages -> logp_old -> AIS -> ``epochs x minibatches`` guarded GRPO updates.
 
@@ -267,6 +273,9 @@ def update(
       one_pass: take ``logp_old`` from the differentiated forward (only valid
         when `single_forward` holds); None: ``single_forward(cfg)`` and no
         ``logp_old`` given.
+      view: ``state.params -> model params`` (LoRA: the adapters onto the frozen base,
+        `ais_jax.training.lora_policy.view`; gradients are taken w.r.t. ``state.params``
+        only), or None (full fine-tuning).  ``ref_params`` are model params either way.
 
     Returns:
       ``(new_state, metrics)`` (scalars).
@@ -289,14 +298,14 @@ def update(
         if mesh is not None:
             batch = jax.tree.map(shd.batch_constraint(mesh), batch)
         state, mets = _single_forward_update(state, batch, adv_tok, logp_ref, optimizer,
-                                             model_cfg, cfg, mesh)
+                                             model_cfg, cfg, mesh, view)
         extra = {k: mets.pop(k) for k in list(mets) if k not in _UPDATE_METRICS}
     else:
         if logp_old is None:
-            logp_old = score(state.params, batch, model_cfg, cfg, mesh)  # [B, N]
+            logp_old = score(state.params, batch, model_cfg, cfg, mesh, view=view)  # [B, N]
         gb, extra = _correct(logp_old, batch, adv_tok, cfg)
         gb = gb._replace(logp_ref=logp_ref)
-        state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg, mesh)
+        state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg, mesh, view)
     metrics = {
         "loss": mets["loss"],
         "grad_norm": mets["grad_norm"],

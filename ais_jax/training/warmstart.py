@@ -33,6 +33,7 @@ from ais_jax.core.errors import UsageError
 from ais_jax.rollout.codec import PromptCodec
 from ais_jax.training.build import Run
 from ais_jax.training.placement import place
+from ais_jax.training.steps import model_shardings
 
 VALIDATION_STREAM = 2  # `Run.train_problems` stream of the check (0: RL, 1: warm-start batches)
 
@@ -168,7 +169,7 @@ def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | 
             post["loss"] = f"{float(sm['loss']):.3f}"
             bar.set_postfix(**post)
         if target > 0 and check is not None and (i + 1) % every == 0:
-            acc = check(place(sft_params, run.fns.state_shardings.params))
+            acc = check(place(sft_params, model_shardings(run.fns)))
             log.checks.append({"step": i + 1, "accuracy": acc})
             post["val_acc"] = f"{acc:.3f}"
             if acc >= target:
@@ -176,4 +177,4 @@ def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | 
                 break
     if hasattr(bar, "close"):
         bar.close()
-    return place(sft_params, run.fns.state_shardings.params)
+    return place(sft_params, model_shardings(run.fns))

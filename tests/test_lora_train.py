@@ -1,0 +1,216 @@
+"""GRPO with LoRA adapters (issue 27): frozen base, adapter-only optimizer, step-0 identity,
+PEFT + merged export, resume of a warm-started base, and one-line refusals of bad settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _tiny import TINY_RUN
+
+from ais_jax.config.load import load_config
+from ais_jax.models import lora
+from ais_jax.models.layout import ModelConfig
+from ais_jax.models.peft_io import load_peft_adapter, save_peft_adapter
+from ais_jax.run import cli as train
+from ais_jax.training.build import build_run
+from ais_jax.training.placement import to_global
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+LORA = ["lora.rank=4", "lora.alpha=8"]
+
+
+def _digest(tree) -> str:
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(tree):
+        h.update(np.asarray(jax.device_get(x)).tobytes())
+    return h.hexdigest()
+
+
+def _first_prompts(r):
+    codec, sh = r.codec, r.fns.batch_sharding
+    problems = r.train_problems(0, 0, r.cfg.rollout.prompts_per_step)
+    pt, pm = codec.pad([codec.encode_prompt(p) for p in problems], r.prompt_bucket)
+    return to_global(pt, sh), to_global(pm, sh)
+
+
+@pytest.mark.slow  # compiles two rollouts, two scores and the LoRA update: ~30-65 s on 2 cores
+def test_lora_grpo_frozen_base_and_step0_identity(tmp_path):
+    over = [*TINY_RUN, "rollout.group_size=2", f"out_dir={tmp_path}"]
+    full = build_run(load_config(None, over))
+    r = build_run(load_config(None, [*over, *LORA]))
+    assert r.lora is not None and full.lora is None
+    # (c) B = 0: the rollout (merged, FP8) and the trainer's scores equal full fine-tuning's
+    pt, pm = _first_prompts(r)
+    key = jax.random.key(3)
+    b_full = full.fns.rollout(full.state.params, pt, pm, key)
+    b_lora = r.fns.rollout(r.state.params, pt, pm, key)
+    for a, b in zip(b_full, b_lora, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(full.fns.score(full.state.params, b_full)),
+                                  np.asarray(r.fns.score(r.state.params, b_lora)))
+    # (a) N updates move the adapters only; the base stays bit-identical (random rewards:
+    # the untrained tiny model earns none, and equal rewards have no advantage)
+    base0, adapters0 = _digest(r.lora.base), jax.tree.map(np.asarray, r.state.params)
+    rng, state, sh = np.random.default_rng(0), r.state, r.fns.batch_sharding
+    for step in range(2):
+        rewards = to_global(rng.normal(size=(8, 2)).astype(np.float32), sh)
+        state, met = r.fns.update(state, b_lora, rewards, jax.random.key(step), None, None)
+        assert np.isfinite(float(met["loss"])) and float(met["skipped"]) == 0
+    assert _digest(r.lora.base) == base0
+    assert jax.tree.leaves(r.lora.base)[0].dtype == jnp.bfloat16  # compute dtype
+    b_after = np.asarray(state.params["layers"]["wq"]["b"])
+    assert not np.array_equal(b_after, adapters0["layers"]["wq"]["b"])  # B left 0
+    # (b) the optimizer state holds adapter-shaped leaves (and scalars) only
+    shapes = {tuple(x.shape) for x in jax.tree.leaves(state.params)}
+    opt = [tuple(x.shape) for x in jax.tree.leaves(state.opt_state) if np.ndim(x)]
+    assert opt and set(opt) <= shapes
+    n = sum(int(np.prod(s)) for s in opt)
+    assert n == 2 * lora.num_adapter_params(r.model_cfg, r.lora.cfg)  # Adam mu, nu
+    base_shapes = {tuple(x.shape) for x in jax.tree.leaves(r.lora.base)}
+    assert not (set(opt) & base_shapes)
+
+
+def test_lora_cli_exports_peft_adapter_and_merged_model(tmp_path, capsys):
+    from ais_jax import load_pretrained
+
+    out, rw = tmp_path / "run", tmp_path / "rw.py"
+    rw.write_text("def fn(c, p, row):\n    return float(sum(map(ord, c)) % 7)\n")
+    over = [f"out_dir={out}", *TINY_RUN, "rollout.group_size=2", "train.steps=2",
+            "train.learning_rate=0.01", f"reward.functions={{r: {rw}:fn}}", *LORA]
+    assert train.main(over) == 0, capsys.readouterr().err
+    final = out / "final"
+    cfg_json = json.loads((final / "adapter" / "adapter_config.json").read_text())
+    assert cfg_json["r"] == 4 and cfg_json["lora_alpha"] == 8
+    params, mcfg = load_pretrained(final, dtype=jnp.float32)
+    adapters, lcfg = load_peft_adapter(final / "adapter", mcfg)
+    assert lcfg.rank == 4 and lcfg.scale == 2.0
+    assert np.abs(np.asarray(adapters["layers"]["w_up"]["b"])).max() > 0  # trained
+    # the merged export is the (rebuilt) frozen base with these adapters folded in
+    r = build_run(load_config(None, over))
+    want = lora.merge(r.lora.base, adapters, lcfg)
+    for name in lcfg.targets:
+        np.testing.assert_array_equal(np.asarray(params["layers"][name]),
+                                      np.asarray(want["layers"][name], np.float32))
+    np.testing.assert_array_equal(np.asarray(params["embed"]),
+                                  np.asarray(r.lora.base["embed"], np.float32))
+
+
+def _error(over, capsys) -> str:
+    code = train.main(over)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["lora.rank=-1"], "lora.rank must be >= 0"),
+    (["lora.rank=4", "lora.targets=wq,qkv"], "unknown target(s) 'qkv'"),
+    (["lora.rank=4", "lora.targets=wq,wq"], "names a target twice"),
+    (["lora.rank=4", "lora.alpha=0"], "lora.alpha"),
+    (["lora.rank=4", "lora.dropout=0.1"], "lora.dropout"),
+    (["lora.rank=40"], "exceeds"),  # the tiny model's wq is 32 x 32
+    (["model.adapter=/nonexistent"], "needs LoRA on"),
+])
+def test_bad_lora_settings_exit_2_with_one_line(tmp_path, capsys, extra, words):
+    assert words in _error([f"out_dir={tmp_path}", *TINY_RUN, *extra], capsys)
+
+
+def test_config_layer_lists_the_models_lora_targets():
+    from ais_jax.config.checks import LORA_TARGETS, lora_targets
+
+    assert LORA_TARGETS == lora.TARGETS  # the config layer keeps its own copy of the names
+    assert lora_targets("all") == lora.TARGETS
+    assert lora_targets(" wq , w_up") == ("wq", "w_up")
+
+
+def test_adapter_of_other_shapes_is_refused(tmp_path, capsys):
+    other = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_layers=1,
+                        num_heads=2, num_kv_heads=1, head_dim=16)
+    lcfg = lora.LoraConfig(rank=4, alpha=8.0)
+    save_peft_adapter(lora.init_adapters(jax.random.key(0), other, lcfg), lcfg, other,
+                      tmp_path / "adapter")
+    line = _error([f"out_dir={tmp_path / 'run'}", *TINY_RUN, *LORA,
+                   f"model.adapter={tmp_path / 'adapter'}"], capsys)
+    assert "shape" in line and "adapter" in line
+    # the right shapes but another rank: named with the fix
+    tiny = build_run(load_config(None, [*TINY_RUN, f"out_dir={tmp_path / 'b'}"])).model_cfg
+    l8 = lora.LoraConfig(rank=8, alpha=8.0)
+    save_peft_adapter(lora.init_adapters(jax.random.key(0), tiny, l8), l8, tiny,
+                      tmp_path / "a8")
+    line = _error([f"out_dir={tmp_path / 'run2'}", *TINY_RUN, *LORA,
+                   f"model.adapter={tmp_path / 'a8'}"], capsys)
+    assert "lora.rank=8" in line
+
+
+@pytest.mark.slow  # three short CLI runs with a warm start: ~20-45 s on 2 cores
+def test_lora_resume_restores_the_warm_started_base(tmp_path):
+    """A scratch model's warm-started base is saved with the checkpoints: a run stopped after
+    step 1 and resumed exports the same merged model and adapters as one run of 2 steps (and
+    the KL reference, the base itself, is used on both sides)."""
+    from ais_jax.run.loop import run
+
+    rw = tmp_path / "rw.py"
+    rw.write_text("def fn(c, p, row):\n    return float(sum(map(ord, c)) % 7)\n")
+    base = [*TINY_RUN, "rollout.group_size=2", "sft.steps=3", "train.beta_kl=0.1",
+            "checkpoint.every=1", "train.learning_rate=0.01", f"reward.functions={{r: {rw}:fn}}",
+            *LORA]
+    one = tmp_path / "one"
+    run(load_config(None, [*base, f"out_dir={one}", "train.steps=2"]))
+    two = tmp_path / "two"
+    run(load_config(None, [*base, f"out_dir={two}", "train.steps=1"]))
+    res = run(load_config(None, [*base, f"out_dir={two}", "train.steps=2"]))
+    assert res.resumed_from == 1
+    for f in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = (one / "final" / f).read_bytes(), (two / "final" / f).read_bytes()
+        assert a == b, f
+    assert np.isfinite(res.metrics[-1]["kl"])
+
+
+@pytest.mark.slow  # two plans compile update and rollout on 2 simulated devices: ~30-60 s
+def test_plan_understands_lora():
+    """``python -m ais_jax.plan`` with lora.rank > 0: adapters sharded over fsdp=2, the update's
+    arguments and optimizer state smaller than full fine-tuning's on the same model."""
+    import subprocess
+    import sys
+
+    tiny = [*TINY_RUN[:6], "rollout.prompts_per_step=4", "rollout.group_size=2",
+            "rollout.max_new_tokens=4", "sft.steps=0", "mesh.fsdp=2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env["JAX_NUM_CPU_DEVICES"] = "2"
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "ais_jax.plan", "--json", "--prompt-len", "8", *tiny, *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, extra in (("full", []), ("lora", LORA))}
+    plans = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        plans[name] = json.loads(out)
+    full, lo = plans["full"], plans["lora"]
+    assert lo["model"]["lora_rank"] == 4 and "LoRA r=4" in lo["model"]["param_dtype"]
+    assert lo["update"]["argument_bytes"] < full["update"]["argument_bytes"] / 2
+    # rank 4 on a 32-wide model: the adapters are a quarter of the targeted weights
+    assert lo["analytic"]["opt_state_bytes"] < full["analytic"]["opt_state_bytes"] / 3
+    assert lo["analytic"]["params_bytes"] == full["analytic"]["params_bytes"] // 2  # bf16 base
+
+
+def test_checkpoints_from_before_the_lora_keys_still_resume():
+    """A checkpoint's stored config without the lora keys (written before they existed) resumes
+    under LoRA off, but not under LoRA on."""
+    from ais_jax.core.errors import UsageError
+    from ais_jax.run import runguard
+
+    cfg = load_config(None, list(TINY_RUN))
+    old = {k: v for k, v in runguard.flat_config(cfg).items()
+           if not k.startswith("lora.") and k != "model.adapter"}
+    runguard.check_resume_config({"config": old}, cfg, 1, "out")
+    with pytest.raises(UsageError, match=r"lora\.rank"):
+        runguard.check_resume_config({"config": old}, load_config(None, [*TINY_RUN, *LORA]),
+                                     1, "out")
