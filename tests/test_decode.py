@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 
 import jax
 import jax.numpy as jnp
@@ -189,14 +188,19 @@ def test_scanned_decode_program_does_not_grow_with_depth():
 
 
 @pytest.mark.slow  # compiles a 24-layer sampler of 4 decode segments (~5 s)
-def test_sample_for_a_deep_model_compiles_fast():
-    cfg = dataclasses.replace(TINY, num_layers=24, max_position_embeddings=256)
-    params = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
-    f = jax.jit(lambda p, t, m, k: sample(p, t, m, k, cfg, max_new_tokens=200))  # 4 segments
-    args = (params, jax.ShapeDtypeStruct((4, 16), jnp.int32),
-            jax.ShapeDtypeStruct((4, 16), jnp.bool_), jax.random.key(0))
-    t0 = time.perf_counter()
-    f.lower(*args).compile()
-    seconds = time.perf_counter() - t0
-    # On 2 shared CPU cores: ~5 s scanned, ~13 s with the layers unrolled.
-    assert seconds < 10, seconds
+def test_sample_for_a_deep_model_compiles_to_a_depth_independent_program():
+    """The compiled 4-segment sampler of a 24-layer model (what made compiles slow when the
+    layers were unrolled) is about as big as a 2-layer one: the scan keeps compile time flat.
+    A structural check (instruction counts), never a timing."""
+
+    def compiled_lines(layers: int, scan: bool | None) -> int:
+        cfg = dataclasses.replace(TINY, num_layers=layers, max_position_embeddings=256)
+        params = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
+        f = jax.jit(lambda p, t, m, k: sample(p, t, m, k, cfg, max_new_tokens=200,
+                                              scan_layers=scan))  # 4 segments
+        args = (params, jax.ShapeDtypeStruct((4, 16), jnp.int32),
+                jax.ShapeDtypeStruct((4, 16), jnp.bool_), jax.random.key(0))
+        return len(f.lower(*args).compile().as_text().splitlines())
+
+    deep, shallow = compiled_lines(24, None), compiled_lines(2, True)  # the default scans 24
+    assert deep < 1.2 * shallow, (deep, shallow)

@@ -366,3 +366,19 @@ def close(manager: ocp.CheckpointManager) -> None:
     """Finish pending saves and release the manager's resources."""
     manager.wait_until_finished()
     manager.close()
+
+
+@contextlib.contextmanager
+def closed_on_error(manager: ocp.CheckpointManager) -> Iterator[None]:
+    """Closes ``manager`` when the block raises, then lets the error propagate.
+
+    An open manager runs background threads (e.g. cleaning up temporary paths); left
+    running at interpreter exit they print tracebacks after the CLI's one-line error.  A
+    failure of the close itself is dropped: the block's error is the one to report.
+    """
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            close(manager)
+        raise

@@ -129,55 +129,56 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
 
     out_dir, steps = cfg.out_dir, cfg.train.steps
     manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
-    metrics_path = os.path.join(out_dir, results.METRICS)
-    last, meta = runguard.latest_readable_meta(ckpt, manager)
-    if last is None:
-        results.check_fresh_out_dir(out_dir, overwrite)
-    else:
-        runguard.check_resume_config(meta, cfg, last, out_dir)
-        # Done only when the results name a step >= train.steps and >= the latest checkpoint
-        # (with checkpoint.every=0 only checkpoint 0 is kept besides the results).
-        if results.finished(out_dir, max(steps, last)):
-            ckpt.close(manager)
-            return _already_done(cfg, last, meta, metrics_path)
-    r = build_run(cfg, reward_fns, dataset)
-    evaluate, eval_fn = make_evaluator(r)
-    lora_on = r.lora is not None  # the KL reference is then the frozen base itself
-    job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0 and not lora_on,
-               lora_on and r.fns.sft is not None, runguard.flat_config(cfg), stop)
-    writer = Trackers(cfg, job.config, enabled=is_main)  # opens (or fails) before any work
-    try:
-        start = _start(job, last is not None, evaluate)
-        # Complete lines of steps <= start only: a torn line or later steps are dropped.
-        history = runguard.truncate_metrics(metrics_path, start or 0, rewrite=is_main)
+    with ckpt.closed_on_error(manager):  # no orbax thread left running after an error
+        metrics_path = os.path.join(out_dir, results.METRICS)
+        last, meta = runguard.latest_readable_meta(ckpt, manager)
+        if last is None:
+            results.check_fresh_out_dir(out_dir, overwrite)
+        else:
+            runguard.check_resume_config(meta, cfg, last, out_dir)
+            # Done only when the results name a step >= train.steps and >= the latest checkpoint
+            # (with checkpoint.every=0 only checkpoint 0 is kept besides the results).
+            if results.finished(out_dir, max(steps, last)):
+                ckpt.close(manager)
+                return _already_done(cfg, last, meta, metrics_path)
+        r = build_run(cfg, reward_fns, dataset)
+        evaluate, eval_fn = make_evaluator(r)
+        lora_on = r.lora is not None  # the KL reference is then the frozen base itself
+        job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0 and not lora_on,
+                   lora_on and r.fns.sft is not None, runguard.flat_config(cfg), stop)
+        writer = Trackers(cfg, job.config, enabled=is_main)  # opens (or fails) before any work
+        try:
+            start = _start(job, last is not None, evaluate)
+            # Complete lines of steps <= start only: a torn line or later steps are dropped.
+            history = runguard.truncate_metrics(metrics_path, start or 0, rewrite=is_main)
+            if is_main:
+                truncate_rows(out_dir, start or 0)
+            if start is None:
+                job.save(0)
+            _grpo_loop(job, start or 0, evaluate, history, metrics_path, writer)
+        finally:
+            writer.close()
+        stop.phase = "finish"
+        final_step = max(steps, start or 0)
+        eval_after = evaluate(job.model_params(job.state.params))
+        if cfg.checkpoint.every and final_step % cfg.checkpoint.every:
+            job.save(final_step)
+        ckpt.close(manager)
+        compiles = {"rollout": r.fns.rollout._cache_size(), "update": r.fns.update._cache_size(),
+                    "score": r.fns.score._cache_size(),  # 0 when never called
+                    "eval": eval_fn._cache_size()}
+        # Params sharded across processes are gathered by every process (a collective).
+        params = job.model_params(job.state.params)
+        final_params = to_host(params) if jax.process_count() > 1 else params
+        adapters = None if r.lora is None else to_host(job.state.params)
         if is_main:
-            truncate_rows(out_dir, start or 0)
-        if start is None:
-            job.save(0)
-        _grpo_loop(job, start or 0, evaluate, history, metrics_path, writer)
-    finally:
-        writer.close()
-    stop.phase = "finish"
-    final_step = max(steps, start or 0)
-    eval_after = evaluate(job.model_params(job.state.params))
-    if cfg.checkpoint.every and final_step % cfg.checkpoint.every:
-        job.save(final_step)
-    ckpt.close(manager)
-    compiles = {"rollout": r.fns.rollout._cache_size(), "update": r.fns.update._cache_size(),
-                "score": r.fns.score._cache_size(),  # 0 when never called
-                "eval": eval_fn._cache_size()}
-    # Params sharded across processes are gathered by every process (a collective).
-    params = job.model_params(job.state.params)
-    final_params = to_host(params) if jax.process_count() > 1 else params
-    adapters = None if r.lora is None else to_host(job.state.params)
-    if is_main:
-        _finish(cfg, r, final_params, job.eval_before, eval_after, compiles, final_step,
-                adapters)
-    if stop.signum:
-        print(f"received {signal.Signals(stop.signum).name} after the last step: the results "
-              "are complete", file=sys.stderr, flush=True)
-    return RunResult(history, job.eval_before, eval_after, compiles,
-                     start if start else None)
+            _finish(cfg, r, final_params, job.eval_before, eval_after, compiles, final_step,
+                    adapters)
+        if stop.signum:
+            print(f"received {signal.Signals(stop.signum).name} after the last step: the results "
+                  "are complete", file=sys.stderr, flush=True)
+        return RunResult(history, job.eval_before, eval_after, compiles,
+                         start if start else None)
 
 
 def _start(job: _Job, resume: bool, evaluate: Any) -> int | None:
