@@ -198,6 +198,18 @@ def compile_arm(name: str, arm: str, rows: int, prompt_len: int, new: int, mesh)
                                 "memory": bc.compiled_memory(compiled)}
 
 
+
+def cuda_plugin_missing(script: str) -> bool:
+    """Whether the CUDA PJRT plugin is absent (then one line naming ``script`` is printed)."""
+    try:
+        plugin = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        plugin = None
+    if plugin is None:
+        print(f"{script}: the CUDA PJRT plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not "
+              "installed; see docs/measurements/deviceless_gpu_compile.md")
+    return plugin is None
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="Qwen3-0.6B")
@@ -213,13 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = [x for x in a.arms.split(",") if x]
     mesh = None
     if not a.from_hlo:
-        try:
-            plugin = importlib.util.find_spec("jax_plugins.xla_cuda12")
-        except ModuleNotFoundError:  # no jax_plugins package at all
-            plugin = None
-        if plugin is None:
-            print("deviceless_kernels: the CUDA PJRT plugin (jax-cuda12-plugin, jax-cuda12-pjrt) "
-                  "is not installed; see docs/measurements/deviceless_gpu_compile.md")
+        if cuda_plugin_missing("deviceless_kernels"):
             return 2
         import jax
         from jax.experimental import topologies

@@ -26,7 +26,6 @@ the plugin the script prints one line and exits 2.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -46,13 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep XLA's Triton GEMMs (default: --xla_gpu_enable_triton_gemm=false)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_intermixed_args(argv)
-    try:
-        plugin = importlib.util.find_spec("jax_plugins.xla_cuda12")
-    except ModuleNotFoundError:  # no jax_plugins package at all
-        plugin = None
-    if plugin is None:
-        print("deviceless_plan: the CUDA PJRT plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not "
-              "installed; see docs/measurements/deviceless_gpu_compile.md")
+    from deviceless_kernels import cuda_plugin_missing
+
+    if cuda_plugin_missing("deviceless_plan"):
         return 2
     if not a.triton_gemm and "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
