@@ -3,6 +3,10 @@
     python experiments/llada_arms.py warm --seeds 0 1 2     # one warm start per seed
     python experiments/llada_arms.py run --seeds 0 1 2 [--arms bf16 fp8_ais] [--dry-run]
     python experiments/llada_arms.py report                 # docs/results_llada.md from the logs
+    python experiments/llada_arms.py ratio [--dry-run]      # the pre-registered ratio study
+
+``ratio`` runs the study of ``experiments/prereg/llada_ratio.md`` (issue 29): seeds 5-9,
+arms `RATIO_ARMS`, run names ``ratio_<arm>_s<seed>``, seed by seed, from the same warm starts.
 
 Every arm of a seed starts GRPO from the same warm-started policy: ``warm``
 runs the warm start of ``configs/tiny_llada_countdown.yaml`` at that seed once
@@ -38,6 +42,17 @@ ARMS = {  # the paper's four arms
     "fp8_tis": ("rollout.precision=fp8", "ais.mode=tis"),
     "fp8_ais": ("rollout.precision=fp8", "ais.mode=ais"),
 }
+
+# The pre-registered ratio study (experiments/prereg/llada_ratio.md): FP8 E4M3 rollouts.
+RATIO_SEEDS = (5, 6, 7, 8, 9)
+RATIO_ARMS = {
+    "none": ("rollout.precision=fp8", "ais.mode=none"),
+    "null": ("rollout.precision=fp8", "ais.mode=none", "train.rng_stream=1"),
+    "tis_traj": ("rollout.precision=fp8", "ais.mode=tis", "diffusion.ratio=trajectory"),
+    "ais_traj": ("rollout.precision=fp8", "ais.mode=ais", "diffusion.ratio=trajectory"),
+    "ais_est": ("rollout.precision=fp8", "ais.mode=ais", "diffusion.ratio=estimator"),
+}
+RATIO_COMMON = ("eval.every=50",)
 
 
 def warm_dir(base: str, seed: int) -> str:
@@ -90,6 +105,27 @@ def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str,
                 print(name, " ".join(ov))
             else:
                 run_one(name, ov, scratch, CONFIG)
+
+
+def ratio_planned(seeds: Sequence[int] = RATIO_SEEDS) -> dict[str, tuple[str, ...]]:
+    """The ratio study's run names -> overrides (without the warm-start source), seed-major."""
+    return {f"ratio_{arm}_s{seed}": (f"seed={seed}", *RATIO_COMMON, *ov)
+            for seed in seeds for arm, ov in RATIO_ARMS.items()}
+
+
+def cmd_ratio(base: str, scratch: str, dry_run: bool) -> None:
+    """Warm-start the study's seeds (once each), then train every planned run without a log."""
+    run_one = _compare().run_one
+    for name, ov in ratio_planned().items():
+        if os.path.exists(os.path.join(LOGS, name, "run.json")):
+            continue
+        seed = int(name.rsplit("_s", 1)[1])
+        full = (f"model.source={warm_dir(base, seed)}", "model.kind=auto", "sft.steps=0", *ov)
+        if dry_run:
+            print(name, " ".join(full))
+            continue
+        cmd_warm([seed], base)
+        run_one(name, full, scratch, CONFIG)
 
 
 def render() -> str:
@@ -171,7 +207,7 @@ def cmd_report() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("warm", "run", "report"))
+    ap.add_argument("command", choices=("warm", "run", "report", "ratio"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     ap.add_argument("--warm-dir", default=os.path.join("runs", "llada_warm"),
@@ -184,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd_report()
     elif a.command == "warm":
         cmd_warm(a.seeds, a.warm_dir)
+    elif a.command == "ratio":
+        cmd_ratio(a.warm_dir, a.scratch, a.dry_run)
     else:
         cmd_run(a.seeds, a.arms, a.warm_dir, a.scratch, a.dry_run)
     return 0

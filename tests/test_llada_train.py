@@ -258,14 +258,6 @@ def test_mismatch_cli_on_a_llada_checkpoint(tmp_path, capsys):
     assert rc == 2 and "block_length (3) must divide" in capsys.readouterr().err
 
 
-def test_plan_refuses_llada(tmp_path):
-    from ais_jax.run import plan
-
-    cfg = load_config(None, [*LLADA_RUN, f"out_dir={tmp_path}/r"])
-    with pytest.raises(UsageError, match="autoregressive update only"):
-        plan.make_plan(cfg, 1, 2**34)
-
-
 def test_kl_to_the_reference_uses_the_same_masks():
     """beta_kl > 0: the reference's estimate shares each iteration's mask, so with the
     reference = the rollout's params the k3 KL is exactly 0 at the first inner iteration

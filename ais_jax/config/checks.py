@@ -230,9 +230,9 @@ def check_diffusion(cfg: Config) -> None:
     _require(d.steps <= n, f"diffusion.steps={d.steps} must be <= rollout.max_new_tokens={n} "
              "(each step reveals at least one token)")
     _require(0.0 <= d.p_mask <= 1.0, f"diffusion.p_mask must be in [0, 1], got {d.p_mask}")
-    _require(tr.epochs == 1 and tr.minibatches == 1 and tr.micro_batch_size == 0,
+    _require(tr.epochs == 1 and tr.minibatches == 1,
              "a LLaDA policy takes diffusion.inner_iterations gradient steps per batch; set "
-             "train.epochs=1 train.minibatches=1 train.micro_batch_size=0")
+             "train.epochs=1 train.minibatches=1")
     _require(r.top_k == 0 and r.top_p == 1.0,
              "the LLaDA sampler has no top-k / top-p; set rollout.top_k=0 rollout.top_p=1")
     _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")

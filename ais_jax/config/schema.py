@@ -206,6 +206,7 @@ class DiffusionSection:
     remasking: str = "low_confidence"  # which candidates a step keeps: low_confidence | random
     p_mask: float = 0.15  # prompt-token masking probability of the diffu-GRPO log-prob estimate
     inner_iterations: int = 1  # diffu-GRPO gradient steps per batch, each with fresh masks
+    ratio: str = "estimator"  # correction ratio: estimator (d1) | trajectory (reveal order)
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.kind": ("auto", "ar", "llada"),
     "diffusion.remasking": ("low_confidence", "random"),
+    "diffusion.ratio": ("estimator", "trajectory"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "train.remat": ("auto", "none", "full", "dots"),

@@ -6,7 +6,8 @@ section 7) and prints per device the compiled argument / output / temporary
 bytes, an analytic breakdown, and whether the run fits in ``--device-memory``.
 The model config is ``model.source``'s ``config.json``, else the preset of
 `ais_jax.models.hf_config.HF_PRESETS` named like the source's last path component
-(case-insensitive: ``/data/Qwen3-8B`` -> ``Qwen3-8B``).
+(case-insensitive: ``/data/Qwen3-8B`` -> ``Qwen3-8B``).  A LLaDA policy is planned by
+`ais_jax.run.plan_llada`.
 
 Peak = argument + output + temp - alias bytes (a donated, aliased buffer counts
 once); the rollout is judged with the resident optimizer state added.  The CPU
@@ -26,15 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from ais_jax.config.load import load_config
 from ais_jax.config.schema import SKIP_PATH_CHECK_ENV, Config
-from ais_jax.core.errors import CheckpointError, UsageError
+from ais_jax.core.errors import UsageError
+from ais_jax.models.weight_files import read_json as _read_json
 from ais_jax.run.plan_report import (
-    MEMORY_KEYS,
+    abstract_state,
     analytic_bytes,
+    check_batch,
+    check_prompt_len,
+    compiled_memory,
     cpu_widening_probe,
     format_plan,
     parse_bytes,
-    with_shardings,
 )
+
+_check_batch = check_batch  # the name tests/test_plan.py uses
 
 if TYPE_CHECKING:  # jax is imported only after the device count is set (see `main`)
     import optax
@@ -125,27 +131,12 @@ def check_devices(n: int, cfg: Config) -> None:
                          f"use --devices {need}")
 
 
-def check_prompt_len(prompt_len: int, cfg: Config, model_cfg: ModelConfig) -> None:
-    """``--prompt-len`` plus ``rollout.max_new_tokens`` must fit the model's positions.
-
-    Raises:
-      UsageError: a prompt length < 1, or one the model's ``max_position_embeddings``
-        cannot hold with the new tokens (names the largest that fits).
-    """
-    if prompt_len < 1:
-        raise UsageError(f"--prompt-len must be >= 1, got {prompt_len}")
-    n_new, max_pos = cfg.rollout.max_new_tokens, model_cfg.max_position_embeddings
-    if prompt_len + n_new > max_pos:
-        raise UsageError(f"--prompt-len {prompt_len} + rollout.max_new_tokens={n_new} exceeds "
-                         f"the model's {max_pos} positions; use --prompt-len <= "
-                         f"{max(max_pos - n_new, 0)}")
-
-
 def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
     """The model config of ``cfg.model.source``, without reading any weights.
 
     ``scratch``: the trainer's scratch model; a directory with a ``config.json``:
-    that file (and ``generation_config.json``'s EOS ids); otherwise the preset
+    that file (and ``generation_config.json``'s EOS ids); a LLaDA policy: see
+    `ais_jax.run.plan_llada.resolve_llada_config`; otherwise the preset
     of `ais_jax.models.hf_config.HF_PRESETS` named like the last path component
     (case-insensitive, ``.gguf`` dropped; ``smollm2``: ``SmolLM2-135M``).
 
@@ -160,7 +151,11 @@ def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
       UsageError: no ``config.json`` and no preset of that name (names the presets).
     """
     from ais_jax.models.hf_config import HF_PRESETS, merge_generation_eos, model_config_from_hf
+    from ais_jax.training.build import model_kind
 
+    if model_kind(cfg) == "llada":  # a LLaDAConfig (`ais_jax.run.plan_llada`)
+        from ais_jax.run.plan_llada import resolve_llada_config
+        return resolve_llada_config(cfg)
     src = cfg.model.source
     if src == "scratch":
         from ais_jax.tasks import CharTokenizer
@@ -184,69 +179,6 @@ def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
         raise UsageError(f"model.source {src!r} has no config.json and matches no preset "
                          f"({', '.join(HF_PRESETS)}); point it at an HF directory")
     return model_config_from_hf(HF_PRESETS[preset]), f"preset {preset}"
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} cannot be read as JSON ({e})") from None
-
-
-def _check_batch(cfg: Config, batch_shards: int) -> None:
-    """Prompts by the batch shards, minibatches and micro-batches by rows; else UsageError."""
-    r, t = cfg.rollout, cfg.train
-    if r.prompts_per_step % batch_shards:
-        raise UsageError(f"rollout.prompts_per_step={r.prompts_per_step} must be a multiple of "
-                         f"mesh.data * mesh.fsdp = {batch_shards}")
-    B = r.prompts_per_step * r.group_size
-    if B % t.minibatches:
-        raise UsageError(f"train.minibatches={t.minibatches} must divide rollout.prompts_per_step"
-                         f" * rollout.group_size = {B}")
-    micro = getattr(t, "micro_batch_size", 0) or 0
-    if micro and (B // t.minibatches) % micro:
-        raise UsageError(f"train.micro_batch_size={micro} must divide the {B // t.minibatches} "
-                         f"rows of a minibatch ({B} rows / train.minibatches={t.minibatches})")
-
-
-def abstract_state(cfg: Config, model_cfg: ModelConfig, mesh: Mesh,
-                   optimizer: optax.GradientTransformation) -> Any:
-    """The train state as sharded ShapeDtypeStructs: no weights, nothing allocated.
-
-    Args:
-      cfg: the run config (``model.param_dtype``).
-      model_cfg: the model config; the params follow `ais_jax.models.layout.param_table`.
-      mesh: the trainer mesh (`ais_jax.training.sharding` rules give the shardings).
-      optimizer: the optax optimizer; its state is ``jax.eval_shape(optimizer.init)``.
-
-    Returns:
-      The `TrainState` that `ais_jax.training.steps` uses, of ShapeDtypeStructs.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from ais_jax.models import layout
-    from ais_jax.training import sharding as shd
-    from ais_jax.training.steps import DTYPES, TrainState
-
-    dtype = DTYPES[cfg.model.param_dtype]
-    shapes = jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape(model_cfg), dtype),
-                          layout.param_table(model_cfg),
-                          is_leaf=lambda x: isinstance(x, layout.ArrayInfo))
-    psh = shd.param_shardings(shapes, mesh)
-    params = with_shardings(shapes, psh)
-    opt = jax.eval_shape(optimizer.init, params)
-    opt = with_shardings(opt, shd.opt_state_shardings(opt, psh, mesh))
-    count = jax.ShapeDtypeStruct((), jnp.int32, sharding=shd.replicated(mesh))
-    return TrainState(params, opt, count, count)
-
-
-def _memory(compiled: Any, seconds: float) -> dict[str, float]:
-    m = compiled.memory_analysis()
-    out = {k: int(getattr(m, k.replace("_bytes", "_size_in_bytes"))) for k in MEMORY_KEYS[:4]}
-    out["peak_bytes"] = sum(out[k] for k in MEMORY_KEYS[:3]) - out["alias_bytes"]
-    return {**out, "compile_s": round(seconds, 2)}
 
 
 def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: Any,
@@ -279,11 +211,11 @@ def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: An
     logp_old = sds((B, N), jnp.float32) if fns.score_for_update else None
     upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref,
                            logp_old).compile()
-    out["update"] = _memory(upd, time.perf_counter() - t0)
+    out["update"] = compiled_memory(upd, time.perf_counter() - t0)
     t0 = time.perf_counter()
     roll = fns.rollout.lower(state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_),
                              key).compile()
-    out["rollout"] = _memory(roll, time.perf_counter() - t0)
+    out["rollout"] = compiled_memory(roll, time.perf_counter() - t0)
     return out
 
 
@@ -315,13 +247,13 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
     from ais_jax.training import build
     from ais_jax.training import sharding as shd
 
-    if build.model_kind(cfg) == "llada":
-        raise UsageError("the memory plan models the autoregressive update only, not a LLaDA "
-                         "policy (model.kind=llada); see docs/llada.md, 'Not built yet'")
+    if build.model_kind(cfg) == "llada":  # the masked-diffusion programs
+        from ais_jax.run.plan_llada import make_llada_plan
+        return make_llada_plan(cfg, devices, device_memory, prompt_len)
     model_cfg, origin = resolve_model_config(cfg)
     check_prompt_len(prompt_len, cfg, model_cfg)
     mesh = build.build_mesh(cfg)
-    _check_batch(cfg, shd.batch_divisor(mesh))
+    check_batch(cfg, shd.batch_divisor(mesh))
     optimizer, _ = build.build_optimizers(cfg)
     state = abstract_state(cfg, model_cfg, mesh, optimizer)
     full, pol = state, None

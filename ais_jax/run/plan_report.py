@@ -1,9 +1,13 @@
 """The arithmetic and the report of `ais_jax.run.plan`: byte sizes, the analytic breakdown, the
 table.
 
-`analytic_bytes` estimates per-device memory from the shapes (next to the
-compiled numbers); `cpu_widening_probe` measures how much the CPU backend
-overstates temporaries; `format_plan` renders a plan as text.
+`check_prompt_len` / `check_batch` refuse shapes a run cannot take;
+`abstract_state` lays out the train state as sharded ShapeDtypeStructs;
+`compiled_memory` reads a compiled program's bytes; `analytic_bytes` estimates
+per-device memory from the shapes (next to the compiled numbers);
+`cpu_widening_probe` measures how much the CPU backend overstates temporaries;
+`format_plan` renders a plan as text.  Shared by `ais_jax.run.plan` and
+`ais_jax.run.plan_llada`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ais_jax.config.schema import Config
 from ais_jax.core.errors import UsageError
 
 if TYPE_CHECKING:
+    import optax
     from jax.sharding import Mesh
 
     from ais_jax.models.model import ModelConfig
@@ -25,6 +30,81 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MEMORY_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")
 
+
+
+def check_prompt_len(prompt_len: int, cfg: Config, model_cfg: ModelConfig) -> None:
+    """``--prompt-len`` plus ``rollout.max_new_tokens`` must fit the model's positions.
+
+    Raises:
+      UsageError: a prompt length < 1, or one the model's ``max_position_embeddings``
+        cannot hold with the new tokens (names the largest that fits).
+    """
+    if prompt_len < 1:
+        raise UsageError(f"--prompt-len must be >= 1, got {prompt_len}")
+    n_new, max_pos = cfg.rollout.max_new_tokens, model_cfg.max_position_embeddings
+    if prompt_len + n_new > max_pos:
+        raise UsageError(f"--prompt-len {prompt_len} + rollout.max_new_tokens={n_new} exceeds "
+                         f"the model's {max_pos} positions; use --prompt-len <= "
+                         f"{max(max_pos - n_new, 0)}")
+
+
+def check_batch(cfg: Config, batch_shards: int) -> None:
+    """Prompts by the batch shards, minibatches and micro-batches by rows; else UsageError."""
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % batch_shards:
+        raise UsageError(f"rollout.prompts_per_step={r.prompts_per_step} must be a multiple of "
+                         f"mesh.data * mesh.fsdp = {batch_shards}")
+    B = r.prompts_per_step * r.group_size
+    if B % t.minibatches:
+        raise UsageError(f"train.minibatches={t.minibatches} must divide rollout.prompts_per_step"
+                         f" * rollout.group_size = {B}")
+    micro = getattr(t, "micro_batch_size", 0) or 0
+    if micro and (B // t.minibatches) % micro:
+        raise UsageError(f"train.micro_batch_size={micro} must divide the {B // t.minibatches} "
+                         f"rows of a minibatch ({B} rows / train.minibatches={t.minibatches})")
+
+
+def abstract_state(cfg: Config, model_cfg: Any, mesh: Mesh,
+                   optimizer: optax.GradientTransformation, table: Any = None) -> Any:
+    """The train state as sharded ShapeDtypeStructs: no weights, nothing allocated.
+
+    Args:
+      cfg: the run config (``model.param_dtype``).
+      model_cfg: the model config; the params follow `ais_jax.models.layout.param_table`.
+      mesh: the trainer mesh (`ais_jax.training.sharding` rules give the shardings).
+      optimizer: the optax optimizer; its state is ``jax.eval_shape(optimizer.init)``.
+      table: the params' `ArrayInfo` tree (default: `ais_jax.models.layout.param_table`;
+        LLaDA: `ais_jax.models.llada.model.param_table`).
+
+    Returns:
+      The `TrainState` that `ais_jax.training.steps` uses, of ShapeDtypeStructs.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from ais_jax.models import layout
+    from ais_jax.training import sharding as shd
+    from ais_jax.training.steps import DTYPES, TrainState
+
+    dtype = DTYPES[cfg.model.param_dtype]
+    shapes = jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape(model_cfg), dtype),
+                          layout.param_table(model_cfg) if table is None else table,
+                          is_leaf=lambda x: isinstance(x, layout.ArrayInfo))
+    psh = shd.param_shardings(shapes, mesh)
+    params = with_shardings(shapes, psh)
+    opt = jax.eval_shape(optimizer.init, params)
+    opt = with_shardings(opt, shd.opt_state_shardings(opt, psh, mesh))
+    count = jax.ShapeDtypeStruct((), jnp.int32, sharding=shd.replicated(mesh))
+    return TrainState(params, opt, count, count)
+
+
+def compiled_memory(compiled: Any, seconds: float) -> dict[str, float]:
+    """Per-device ``memory_analysis()`` bytes of a compiled program (`MEMORY_KEYS`; peak =
+    argument + output + temp - alias) and its compile seconds."""
+    m = compiled.memory_analysis()
+    out = {k: int(getattr(m, k.replace("_bytes", "_size_in_bytes"))) for k in MEMORY_KEYS[:4]}
+    out["peak_bytes"] = sum(out[k] for k in MEMORY_KEYS[:3]) - out["alias_bytes"]
+    return {**out, "compile_s": round(seconds, 2)}
 
 
 def parse_bytes(text: str) -> int:
@@ -157,7 +237,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"{s['prompt_len']} + {s['new_tokens']} new tokens, {s['minibatches']} minibatches",
         "", f"{'GB per device':<22}" + "".join(f"{k[:-6]:>10}" for k in MEMORY_KEYS)
         + f"{'compile s':>11}"]
-    for name in ("update", "rollout"):
+    for name in ("update", "rollout", "score"):  # score: a LLaDA plan's own program
+        if name not in plan:
+            continue
         p = plan[name]
         lines.append(f"{name:<22}" + "".join(g(p[k]) for k in MEMORY_KEYS)
                      + f"{p['compile_s']:11.1f}")
@@ -173,8 +255,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         ("update_activation_bytes", f"update activations, remat={a['remat']}, "
                                     f"{a['gradient_rows_per_device']} rows"),
         ("logprob_chunk_bytes", f"log-prob logits chunk [rows, {a['logprob_chunk']}, V] f32"),
+        ("sampler_logits_bytes", "LLaDA sampler step logits [rows, P+N, V] f32 / shards"),
     ]
-    lines += [f"  {label:<60}{g(a[key])}" for key, label in rows]
+    lines += [f"  {label:<60}{g(a[key])}" for key, label in rows if key in a]
     lines.append(f"  (per layer per row kept for the backward: "
                  f"{a['activation_bytes_per_layer_row'] / 1e6:.2f} MB; no remat "
                  "2T(4D + 2QH + 2KH + 3F) + 8QT^2, dots 2T(QH + 2KH + 2D + 2F), full 2TD)")

@@ -190,6 +190,21 @@ def model_kind(cfg: Config) -> str:
     return "llada" if src not in ("scratch", "smollm2") and is_llada_dir(src) else "ar"
 
 
+def scratch_llada_config(cfg: Config) -> Any:
+    """The `ais_jax.models.llada.model.LLaDAConfig` of a scratch LLaDA policy: the ``model.*``
+    sizes over the character tokenizer plus one id (the mask token), tied embeddings."""
+    from ais_jax.models.llada.model import LLaDAConfig
+    from ais_jax.tasks import CharTokenizer
+
+    mc, tok = cfg.model, CharTokenizer()
+    return LLaDAConfig(
+        vocab_size=tok.vocab_size + 1, hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size, num_layers=mc.num_layers,
+        num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, mask_token_id=tok.vocab_size,
+        text_vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+        tie_embeddings=True)
+
+
 def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
     """``(params, LLaDAConfig, codec)`` of a LLaDA policy: from scratch over the character
     tokenizer (one extra id, the mask token) or a LLaDA checkpoint directory."""
@@ -210,12 +225,7 @@ def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
                              f"wide and that must be an even integer; got {mc.hidden_size} / "
                              f"{mc.num_heads}")
         tok = CharTokenizer()
-        lcfg = llada.LLaDAConfig(
-            vocab_size=tok.vocab_size + 1, hidden_size=mc.hidden_size,
-            intermediate_size=mc.intermediate_size, num_layers=mc.num_layers,
-            num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, mask_token_id=tok.vocab_size,
-            text_vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
-            tie_embeddings=True)
+        lcfg = scratch_llada_config(cfg)
         params = llada.init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), lcfg,
                                    param_dtype)
         return params, lcfg, PromptCodec(tok, "compact", task, tok.pad_id, (tok.eos_id,))

@@ -190,7 +190,8 @@ def grpo_step_flops(cfg: Config, model_cfg: Any, prompt_len: int, decode_len: in
     prompts and decodes ``decode_len`` tokens per row.  LLaDA: every forward is
     bidirectional over ``P + N`` positions (head on ``N``), ``M =
     diffusion.inner_iterations`` gradient passes (and ``M`` reference forwards), ``M``
-    logp_old forwards; the rollout is ``diffusion.steps`` denoising forwards and ``M``
+    logp_old forwards (plus ``diffusion.steps`` replay forwards with ``diffusion.ratio:
+    trajectory``); the rollout is ``diffusion.steps`` denoising forwards and ``M``
     FP8 estimates.
 
     Args:
@@ -213,7 +214,9 @@ def grpo_step_flops(cfg: Config, model_cfg: Any, prompt_len: int, decode_len: in
         fwd = forward_flops(model_cfg, B, T, head_positions=N, causal=False)
         return StepFlops(
             update=fwd * (3 * M + M * int(kl)),
-            score=fwd * M * int(score_separately),
+            # diffusion.ratio=trajectory: the score also replays diffusion.steps forwards
+            score=fwd * (M + cfg.diffusion.steps * int(cfg.diffusion.ratio == "trajectory"))
+            * int(score_separately),
             rollout=diffusion_rollout_flops(model_cfg, B, prompt_len, N, cfg.diffusion.steps,
                                             estimates=M))
     fwd = forward_flops(model_cfg, B, prompt_len + N - 1, head_positions=N)

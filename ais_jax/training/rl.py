@@ -134,7 +134,9 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
         if on_samples is not None:  # before the update: state is donated to it
             lo, lr = to_host(logp_old), to_host(batch.logp)
-            if lr.ndim == 3:  # LLaDA: [M, B, N], one estimate per inner iteration's masks
+            if isinstance(lo, tuple):  # LLaDA, diffusion.ratio=trajectory: the correction's pair
+                lo, lr = lo[1], to_host(batch.traj_logp)
+            elif lr.ndim == 3:  # LLaDA: [M, B, N], one estimate per inner iteration's masks
                 lo, lr = lo[0], lr[0]
             stats = ratio_stats(lo, lr, msk)
             on_samples([codec.prompt_text(p) for p in flat], texts, rewards, stats)

@@ -35,6 +35,22 @@ _FIXED = {"block_type": "llama", "activation_type": "silu", "layer_norm_type": "
           "scale_logits": False, "attention_layer_norm": False, "block_group_size": 1}
 
 
+# The public LLaDA-8B config.json (GSAI-ML/LLaDA-8B-Instruct; the Base model has the same
+# shapes), for ``python -m ais_jax.plan``: training reads the weights' own directory.
+_LLADA_8B: dict[str, Any] = {
+    "model_type": "llada", "d_model": 4096, "n_heads": 32, "n_kv_heads": 32, "n_layers": 32,
+    "mlp_hidden_size": 12288, "vocab_size": 126464, "embedding_size": 126464,
+    "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081,
+    "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "weight_tying": False,
+    "max_sequence_length": 4096, "block_type": "llama", "activation_type": "silu",
+    "layer_norm_type": "rms", "include_bias": False, "include_qkv_bias": False,
+}
+#: LLaDA ``config.json`` dicts by model name (`config_from_dict` parses them).
+LLADA_PRESETS: dict[str, dict[str, Any]] = {
+    "LLaDA-8B-Instruct": _LLADA_8B, "LLaDA-8B-Base": _LLADA_8B,
+}
+
+
 def _int(d: dict, key: str) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int):

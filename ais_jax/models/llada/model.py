@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -210,6 +211,49 @@ def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig):
     return x + linear(jax.nn.silu(g) * u, lp["w_down"], None, mask)
 
 
+def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
+                  mask: jax.Array | None = None, *, remat: bool = False,
+                  remat_policy: Any = None,
+                  constrain: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    """The trunk: the residual stream after the last block, before the final norm.
+
+    Args:
+      params: full-precision or FP8 rollout params.
+      tokens: ``[B, T]`` int ids (mask token at masked positions).
+      cfg: model config.
+      mask: optional ``[B, T]`` validity (1 real, 0 padding).
+      remat: rematerialize each block in the backward pass (``jax.checkpoint``
+        around the scanned block).
+      remat_policy: the ``jax.checkpoint`` policy with ``remat`` (None: save nothing
+        but the block's input; see `ais_jax.training.logprobs.REMAT_POLICIES`).
+      constrain: applied to the residual stream ``[B, T, D]`` entering each block
+        and leaving the last (e.g. a batch-sharding constraint).
+
+    Returns:
+      ``[B, T, D]`` in the params' dtype.
+    """
+    B, T = tokens.shape
+    mask = jnp.ones((B, T), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
+    embed = params["embed"]
+    if isinstance(embed, QuantArray):
+        raise ValueError("the embedding must stay full precision; quantize lm_head instead")
+    x = jnp.take(embed, tokens, axis=0)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    H = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    # A row of all padding would softmax over nothing: let every query see itself.
+    attn_rows = mask | ~jnp.any(mask, axis=-1, keepdims=True)
+    pin = constrain if constrain is not None else (lambda y: y)
+
+    def body(x, lp):
+        return _block(pin(x), lp, pos, attn_rows, inv_freq, cfg), None
+
+    if remat:
+        body = jax.checkpoint(body, policy=remat_policy)
+    x, _ = jax.lax.scan(body, x, params["layers"])
+    return pin(x)
+
+
 def forward(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
             mask: jax.Array | None = None) -> jax.Array:
     """Bidirectional forward: logits for every position.
@@ -229,22 +273,9 @@ def forward(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
     """
     B, T = tokens.shape
     mask = jnp.ones((B, T), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
-    embed = params["embed"]
-    if isinstance(embed, QuantArray):
-        raise ValueError("the embedding must stay full precision; quantize lm_head instead")
-    x = jnp.take(embed, tokens, axis=0)
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    H = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
-    # A row of all padding would softmax over nothing: let every query see itself.
-    attn_rows = mask | ~jnp.any(mask, axis=-1, keepdims=True)
-
-    def body(x, lp):
-        return _block(x, lp, pos, attn_rows, inv_freq, cfg), None
-
-    x, _ = jax.lax.scan(body, x, params["layers"])
+    x = hidden_states(params, tokens, cfg, mask)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    head = params.get("lm_head", embed)
+    head = params.get("lm_head", params["embed"])
     if isinstance(head, QuantArray):
         return qdot(x, head, out_dtype=jnp.float32, valid=mask)
     return jax.lax.dot_general(x, head.astype(x.dtype), (((2,), (1,)), ((), ())),

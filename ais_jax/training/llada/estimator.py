@@ -12,10 +12,17 @@ iteration gives a fresh mask (the regularization d1 relies on).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from ais_jax.models.llada.model import LLaDAConfig, forward
+from ais_jax.models.fp8 import QuantArray
+from ais_jax.models.llada.model import LLaDAConfig, forward, hidden_states
+from ais_jax.training.logprobs import REMAT_POLICIES, head_map
+
+Constrain = Callable[[jax.Array], jax.Array]
 
 DEFAULT_P_MASK = 0.15
 
@@ -41,10 +48,25 @@ def mask_prompt(key: jax.Array, prompt: jax.Array, cfg: LLaDAConfig,
     return jnp.where(masked, cfg.mask_token_id, prompt).astype(jnp.int32), masked
 
 
+def _token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """``[B, c]`` float32 log-softmax of ``logits [B, c, V]`` at ``tokens [B, c]``."""
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
 def logprobs_given_input(params: dict, cfg: LLaDAConfig, masked_prompt: jax.Array,
                          completion: jax.Array,
-                         prompt_mask: jax.Array | None = None) -> jax.Array:
+                         prompt_mask: jax.Array | None = None, *, chunk: int = 0,
+                         remat: str = "none", constrain: Constrain | None = None,
+                         head_constrain: Constrain | None = None) -> jax.Array:
     """Log-probs of ``completion`` from one forward on ``[masked_prompt, mask * N]``.
+
+    With full-precision (or FP8 block-only) params the head sees only the ``N``
+    completion positions' hidden states, ``chunk`` positions at a time
+    (`ais_jax.training.logprobs.head_map`: float32 log-softmax, each chunk
+    rematerialized), so the ``[B, P + N, V]`` logits are never built.  A
+    quantized ``lm_head`` keeps the whole-sequence forward (its activation scale
+    is taken over every valid position, as the sampler's).
 
     Args:
       params: full-precision or FP8 rollout params.
@@ -52,10 +74,19 @@ def logprobs_given_input(params: dict, cfg: LLaDAConfig, masked_prompt: jax.Arra
       masked_prompt: ``[B, P]`` int prompt ids (some possibly masked).
       completion: ``[B, N]`` int completion ids (the targets).
       prompt_mask: optional ``[B, P]`` validity of prompt tokens.
+      chunk: completion positions per head application (0: all ``N`` at once).
+      remat: per-block rematerialization, a key of
+        `ais_jax.training.logprobs.REMAT_POLICIES` (``none``, ``full``, ``dots``).
+      constrain: batch-sharding constraint of the activations ``[B, T, D]``
+        (`ais_jax.training.sharding.batch_constraint`), or None.
+      head_constrain: rows constraint of a vocab-parallel untied head
+        (`ais_jax.training.sharding.head_constraint`), or None.
 
     Returns:
       ``[B, N]`` float32 log-softmax of the completion tokens.
     """
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {remat!r}")
     B, P = masked_prompt.shape
     N = completion.shape[1]
     seq = jnp.concatenate([masked_prompt.astype(jnp.int32),
@@ -63,15 +94,19 @@ def logprobs_given_input(params: dict, cfg: LLaDAConfig, masked_prompt: jax.Arra
     valid = None
     if prompt_mask is not None:
         valid = jnp.concatenate([prompt_mask.astype(jnp.bool_), jnp.ones((B, N), jnp.bool_)], 1)
-    logits = forward(params, seq, cfg, valid)[:, P:].astype(jnp.float32)
-    lp = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(lp, completion[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    if isinstance(params.get("lm_head"), QuantArray):
+        logits = forward(params, seq, cfg, valid)[:, P:]  # [B, N, V] float32
+        return _token_logprobs(logits, completion)
+    h = hidden_states(params, seq, cfg, valid, remat=remat != "none",
+                      remat_policy=REMAT_POLICIES[remat], constrain=constrain)  # [B, P+N, D]
+    return head_map(params, h[:, P:], completion, cfg, _token_logprobs,  # type: ignore[arg-type]
+                    chunk=chunk, constrain=constrain, head_constrain=head_constrain)
 
 
 def completion_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array,
                         completion: jax.Array, key: jax.Array,
                         p_mask: float = DEFAULT_P_MASK,
-                        prompt_mask: jax.Array | None = None) -> jax.Array:
+                        prompt_mask: jax.Array | None = None, **scale: Any) -> jax.Array:
     """The d1 / diffu-GRPO one-step estimate of per-token log-probs.
 
     It is a biased (mean-field, one-step) surrogate of the true sequence
@@ -87,6 +122,8 @@ def completion_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array,
         ratio; use a fresh one per inner iteration).
       p_mask: prompt masking probability (d1: 0.15).
       prompt_mask: optional ``[B, P]`` validity of prompt tokens.
+      **scale: `logprobs_given_input`'s ``chunk``, ``remat``, ``constrain``,
+        ``head_constrain``.
 
     Returns:
       ``[B, N]`` float32 log-probs.
@@ -94,7 +131,7 @@ def completion_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array,
     if not 0.0 <= p_mask <= 1.0:
         raise ValueError(f"p_mask must be in [0, 1], got {p_mask!r}")
     masked_prompt, _ = mask_prompt(key, prompt, cfg, p_mask, prompt_mask)
-    return logprobs_given_input(params, cfg, masked_prompt, completion, prompt_mask)
+    return logprobs_given_input(params, cfg, masked_prompt, completion, prompt_mask, **scale)
 
 
 def mismatch_stats(logp_rollout: jax.Array, logp_trainer: jax.Array,

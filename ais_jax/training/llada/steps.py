@@ -17,6 +17,12 @@ estimate, model distribution at temperature 1).  Sharing ``key_i`` between the
 FP8 copy and the trainer makes their ratio measure precision only; a fresh key
 per inner iteration regularizes as in d1.  ``logp_old[i]`` is scored under the
 params of the batch's rollout (before any update), as d1 does.
+
+``diffusion.ratio: trajectory`` changes only the correction's pair: the sampler's
+record of each revealed token's log-prob at its reveal step (``batch.traj_logp``)
+against the trainer's replay of the same reveal order (`score`,
+`ais_jax.training.llada.trajectory`), for every inner iteration; the surrogate keeps
+the estimator's ``logp_old[i]`` (docs/llada.md "Two ratios").
 """
 
 from __future__ import annotations
@@ -30,13 +36,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ais_jax.config.schema import Config
 from ais_jax.method import grpo
+from ais_jax.method.ais import ais_coefficient
 from ais_jax.method.corrections import correction_weights
 from ais_jax.models.llada.model import LLaDAConfig
 from ais_jax.rollout.llada_sampler import completion_mask, generate
 from ais_jax.training import optim
 from ais_jax.training import sharding as shd
-from ais_jax.training.llada.estimator import completion_logprobs
+from ais_jax.training.llada.estimator import (
+    completion_logprobs,
+    logprobs_given_input,
+    mask_prompt,
+)
 from ais_jax.training.llada.sft import sft_loss
+from ais_jax.training.llada.trajectory import trajectory_logprobs
 from ais_jax.training.optim import TrainState
 from ais_jax.training.policy import cast_params
 
@@ -52,6 +64,10 @@ class DiffusionBatch(NamedTuple):
       logp: ``[M, B, N]`` float32 estimator log-probs under the rollout copy,
         one per inner iteration's prompt mask.
       mask_keys: ``[M, 2]`` uint32 raw keys of those prompt masks.
+      traj_logp: ``[B, N]`` float32 the sampler's log-prob of each response token
+        at its reveal step (`DiffusionSample.logprobs`; the rollout side of
+        ``diffusion.ratio: trajectory``).
+      reveal_step: ``[B, N]`` int32 the global denoising step that revealed each token.
     """
 
     prompt_tokens: jax.Array
@@ -60,6 +76,8 @@ class DiffusionBatch(NamedTuple):
     mask: jax.Array
     logp: jax.Array
     mask_keys: jax.Array
+    traj_logp: jax.Array
+    reveal_step: jax.Array
 
 
 def _estimates(params: Any, lcfg: LLaDAConfig, batch: DiffusionBatch, keys: jax.Array,
@@ -101,16 +119,61 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     batch = DiffusionBatch(jnp.repeat(prompt_tokens, G, axis=0),
                            jnp.repeat(prompt_mask, G, axis=0), tokens,
                            completion_mask(tokens, eos_ids).astype(jnp.float32),
-                           jnp.zeros((0,), jnp.float32), keys)
+                           jnp.zeros((0,), jnp.float32), keys, out.logprobs, out.reveal_step)
     return batch._replace(logp=_estimates(rp, lcfg, batch, keys, d.p_mask))
 
 
-def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config) -> jax.Array:
-    """Detached trainer estimates ``[M, B, N]`` under the batch's prompt masks."""
+def _trainer_estimates(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
+                       cfg: Config) -> jax.Array:
+    """Detached estimates ``[M, B, N]`` of params in the compute dtype (batch's prompt masks)."""
     from ais_jax.training.trainer import DTYPES
 
     p = cast_params(params, DTYPES[cfg.model.compute_dtype])
     return jax.lax.stop_gradient(_estimates(p, lcfg, batch, batch.mask_keys, cfg.diffusion.p_mask))
+
+
+def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
+          cfg: Config) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Detached trainer log-probs of the batch (``logp_old``).
+
+    ``diffusion.ratio: estimator``: the estimates ``[M, B, N]`` under the batch's prompt
+    masks.  ``trajectory``: the pair ``(estimates [M, B, N], trajectory [B, N])``, the
+    second the replay of the sampler's reveal order under the params in the compute
+    dtype (`ais_jax.training.llada.trajectory.trajectory_logprobs`, ``diffusion.steps``
+    forwards); only this mode runs the replay.
+    """
+    est = _trainer_estimates(params, batch, lcfg, cfg)
+    if cfg.diffusion.ratio != "trajectory":
+        return est
+    from ais_jax.training.trainer import DTYPES
+
+    p = cast_params(params, DTYPES[cfg.model.compute_dtype])
+    traj = trajectory_logprobs(p, lcfg, batch.prompt_tokens, batch.tokens, batch.reveal_step,
+                               steps=cfg.diffusion.steps, temperature=cfg.rollout.temperature,
+                               prompt_mask=batch.prompt_mask)
+    return est, jax.lax.stop_gradient(traj)
+
+
+def _ratio_metrics(res: Any, est: Any | None) -> dict[str, jax.Array]:
+    """``traj/*`` (the correction's trajectory ratio) and ``est/*`` (d1's estimate pair,
+    `ais_jax.method.ais.ais_coefficient` statistics) when both are at hand; else nothing."""
+    if est is None:
+        return {}
+    t = res.stats()
+    return {"traj/d_bar": t["d_bar"], "traj/token_ess": t["ess_ratio"],
+            "est/d_bar": est.d_bar, "est/token_ess": est.ess_ratio}
+
+
+def scale_knobs(cfg: Config, lcfg: LLaDAConfig, mesh: Mesh | None) -> dict[str, Any]:
+    """The estimator's scale keywords of the update (`logprobs_given_input`): the head chunk
+    (``train.logprob_chunk``), the remat policy (``train.remat``, ``auto``: ``full`` for a
+    pretrained source) and, with a mesh, batch-sharded activations and a vocab-parallel head."""
+    from ais_jax.training.trainer import remat_policy
+
+    return {"chunk": cfg.train.logprob_chunk, "remat": remat_policy(cfg),
+            "constrain": None if mesh is None else shd.batch_constraint(mesh),
+            "head_constrain": None if mesh is None
+            else shd.head_constraint(mesh, lcfg.vocab_size)}
 
 
 def _iteration_metrics(res: Any, valid: jax.Array, logp_roll: jax.Array) -> dict[str, jax.Array]:
@@ -126,8 +189,16 @@ def _iteration_metrics(res: Any, valid: jax.Array, logp_roll: jax.Array) -> dict
 
 def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: jax.Array,
            ref_params: Any, logp_old: jax.Array | None, optimizer: optax.GradientTransformation,
-           lcfg: LLaDAConfig, cfg: Config) -> tuple[TrainState, dict[str, jax.Array]]:
+           lcfg: LLaDAConfig, cfg: Config,
+           mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """Advantages -> per inner iteration: correction, one guarded clipped-GRPO step.
+
+    The step's gradient runs the estimator at scale (`scale_knobs`: remat per
+    block, the head in ``train.logprob_chunk`` chunks, batch-sharded activations
+    with ``mesh``) and is accumulated over ``train.micro_batch_size``-row
+    micro-batches when set (`ais_jax.training.optim.apply_update`; the prompt
+    mask is drawn for the whole batch first, so the split changes nothing but
+    summation order).
 
     Args:
       state: current `TrainState`.
@@ -135,10 +206,16 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
       rewards: ``[Pn, G]`` float32 rewards.
       key: unused (no minibatch shuffling; kept for the `StepFns` interface).
       ref_params: KL reference params, or None (no KL term).
-      logp_old: ``[M, B, N]`` from `score`, or None (scored here).
+      logp_old: `score`'s output (``[M, B, N]``; with ``diffusion.ratio: trajectory``
+        the pair ``(estimates, trajectory [B, N])``), or None (scored here).  The
+        surrogate (`ais_jax.method.grpo.grpo_loss`) always takes the estimates: the
+        correction weights estimate the sampling mismatch (the trajectory pair when
+        ``trajectory``: trainer replay over ``batch.traj_logp``, the same at every
+        inner iteration), the surrogate estimates the gradient.
       optimizer: optax transformation.
       lcfg: model config.
       cfg: the run config (rollout, ais, train, diffusion).
+      mesh: the trainer's mesh (activation constraints, row shards), or None.
 
     Returns:
       ``(new_state, metrics)``: the AR family's metric names (means over the
@@ -155,27 +232,45 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
     valid = batch.mask > 0
     if logp_old is None:
         logp_old = score(state.params, batch, lcfg, cfg)
+    if isinstance(logp_old, tuple) != (d.ratio == "trajectory"):
+        raise ValueError(f"logp_old must be score's output for diffusion.ratio={d.ratio} "
+                         "(the pair (estimates, trajectory) exactly when it is trajectory)")
+    logp_old, traj_old = logp_old if isinstance(logp_old, tuple) else (logp_old, None)
     use_ref = ref_params is not None and cfg.train.beta_kl > 0
-    logp_ref = (score(ref_params, batch, lcfg, cfg) if use_ref
+    logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg) if use_ref
                 else jnp.zeros_like(logp_old))
     loss_cfg = loss_config(cfg.train)
+    scale = scale_knobs(cfg, lcfg, mesh)
+    shards = 1 if mesh is None else shd.batch_divisor(mesh)
+    micro = B // cfg.train.micro_batch_size if cfg.train.micro_batch_size else 1
 
     def inner(st: TrainState, xs: tuple[jax.Array, ...]) -> tuple[TrainState, dict]:
         lo, lr, lref, k = xs
-        res = correction_weights(lo, lr, adv_tok, valid, mode=a.mode, cap=a.C,
+        # The correction's pair: d1's estimates, or the trajectory's (trainer replay, sampler).
+        c_old, c_roll = (lo, lr) if traj_old is None else (traj_old, batch.traj_logp)
+        est = (None if traj_old is None
+               else ais_coefficient(lo, lr, adv_tok, valid, C=a.C, mode="none"))
+        res = correction_weights(c_old, c_roll, adv_tok, valid, mode=a.mode, cap=a.C,
                                  threshold=a.geo_threshold, delta=a.delta, gamma=a.gamma,
                                  beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
                                  use_mis=a.use_mis, use_var=a.use_var)
         keep = res.keep.astype(jnp.float32)
+        # The iteration's prompt mask over the whole batch (the score's), before any row split.
+        masked, _ = mask_prompt(jax.random.wrap_key_data(k), batch.prompt_tokens, lcfg,
+                                d.p_mask, batch.prompt_mask)
+        gb = grpo.GRPOBatch(masked, batch.prompt_mask, batch.tokens, keep, lo, res.advantages,
+                            lref if use_ref else None)
 
-        def loss_fn(params: Any, b: DiffusionBatch) -> tuple[jax.Array, dict]:
-            new = completion_logprobs(cast_params(params, cdt), lcfg, b.prompt_tokens, b.tokens,
-                                      jax.random.wrap_key_data(k), d.p_mask, b.prompt_mask)
-            return grpo.grpo_loss(new, lo, res.advantages, keep, lref if use_ref else None,
-                                  loss_cfg)
+        def loss_fn(params: Any, b: grpo.GRPOBatch,
+                    totals: grpo.LossTotals | None = None) -> tuple[jax.Array, dict]:
+            new = logprobs_given_input(cast_params(params, cdt), lcfg, b.prompt_tokens, b.tokens,
+                                       b.prompt_mask, **scale)
+            return grpo.grpo_loss(new, b.logp_old, b.advantages, b.mask, b.logp_ref, loss_cfg,
+                                  totals)
 
-        st, mets = optim.apply_update(st, batch, loss_fn, optimizer)
-        return st, {**mets, **_iteration_metrics(res, valid, lr)}
+        st, mets = optim.apply_update(st, gb, loss_fn, optimizer, micro_batches=micro,
+                                      shards=shards)
+        return st, {**mets, **_iteration_metrics(res, valid, c_roll), **_ratio_metrics(res, est)}
 
     state, mets = jax.lax.scan(inner, state, (logp_old, batch.logp, logp_ref, batch.mask_keys))
     skipped = jnp.sum(mets.pop("skipped"))
@@ -206,19 +301,22 @@ def build_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.GradientTrans
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)
     b_it = NamedSharding(mesh, PartitionSpec(None, shd.BATCH_AXES, None))  # [M, B, N]
-    batch_sh = DiffusionBatch(b2, b2, b2, b2, b_it, rep)
+    batch_sh = DiffusionBatch(b2, b2, b2, b2, b_it, rep, b2, b2)
+    # score's logp_old: [M, B, N], or (estimates, trajectory [B, N]) with diffusion.ratio=trajectory
+    old_sh = (b_it, b2) if cfg.diffusion.ratio == "trajectory" else b_it
 
     rollout_jit = jax.jit(
         lambda params, pt, pm, key: rollout(params, pt, pm, key, lcfg, cfg, eos_ids),
         in_shardings=(st_sh.params, b2, b2, rep), out_shardings=batch_sh)
     score_jit = jax.jit(lambda params, batch: score(params, batch, lcfg, cfg),
-                        in_shardings=(st_sh.params, batch_sh), out_shardings=b_it)
+                        in_shardings=(st_sh.params, batch_sh), out_shardings=old_sh)
     ref_sh = st_sh.params if cfg.train.beta_kl > 0 else None
 
     def update_fn(state, batch, rewards, key, ref_params, logp_old):
-        return update(state, batch, rewards, key, ref_params, logp_old, optimizer, lcfg, cfg)
+        return update(state, batch, rewards, key, ref_params, logp_old, optimizer, lcfg, cfg,
+                      mesh)
 
-    update_jit = jax.jit(update_fn, in_shardings=(st_sh, batch_sh, b2, rep, ref_sh, b_it),
+    update_jit = jax.jit(update_fn, in_shardings=(st_sh, batch_sh, b2, rep, ref_sh, old_sh),
                          out_shardings=(st_sh, rep), donate_argnums=(0,))
     sft_jit = None
     if sft_optimizer is not None:
