@@ -65,6 +65,9 @@ ABLATIONS = {  # on the stress setting, seed 0; the base is stress_fp8_ais_s0
     "beta_var2": ("ais.beta_var=2",),
 }
 COMMON = ("checkpoint.every=0", "log.progress=false", "log.tensorboard=false")
+# The short study's task, pinned: its runs used 2-digit sums, the embedded default's task until
+# issue 28 moved the default to three 1-digit numbers (experiments/warmstart_notes.md).
+STUDY = ("task.difficulty={digits: 2, num_operands: 2, ops: '+'}",)
 REWARD_THRESHOLD = 0.7  # "steps to threshold": first step the 10-step mean reward reaches it
 WINDOW = 10
 
@@ -74,15 +77,15 @@ def runs() -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for seed in SEEDS:
         for arm, ov in ARMS.items():
-            out[f"{arm}_s{seed}"] = (*ov, f"seed={seed}")
+            out[f"{arm}_s{seed}"] = (*STUDY, *ov, f"seed={seed}")
     # Run order = priority: the stress arms on seed 0, the ablations, then more seeds.
     for arm in STRESS_ARMS:
-        out[f"stress_{arm}_s0"] = (*ARMS[arm], *STRESS, "seed=0")
+        out[f"stress_{arm}_s0"] = (*STUDY, *ARMS[arm], *STRESS, "seed=0")
     for name, ov in ABLATIONS.items():
-        out[f"ablate_{name}_s0"] = (*ARMS["fp8_ais"], *STRESS, *ov, "seed=0")
+        out[f"ablate_{name}_s0"] = (*STUDY, *ARMS["fp8_ais"], *STRESS, *ov, "seed=0")
     for seed in SEEDS[1:]:
         for arm in STRESS_ARMS:
-            out[f"stress_{arm}_s{seed}"] = (*ARMS[arm], *STRESS, f"seed={seed}")
+            out[f"stress_{arm}_s{seed}"] = (*STUDY, *ARMS[arm], *STRESS, f"seed={seed}")
     return out
 
 
@@ -519,7 +522,7 @@ def _alpha_figure(path: str, title: str, rs: list[dict]) -> None:
 
 def _config_text() -> list[str]:
     """The budget-defining keys of the default config, read from the file."""
-    c = load_config(os.path.join(ROOT, CONFIG), [])
+    c = load_config(os.path.join(ROOT, CONFIG), list(STUDY))
     m, r, t, s = c.model, c.rollout, c.train, c.sft
     return [
         f"- model: from scratch, D={m.hidden_size}, L={m.num_layers}, heads "
