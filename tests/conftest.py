@@ -19,7 +19,7 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ais_jax_test_
 _CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ARG001 (pytest's hook signature)
+def pytest_sessionfinish(session, exitstatus) -> None:
     """Remove the session's compilation cache."""
     import shutil
 
