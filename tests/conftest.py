@@ -15,6 +15,11 @@ import os
 import tempfile
 
 os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ais_jax_test_cache_")
+# Off for the suite and the processes it starts (test_runtime's second-process test turns it
+# back on for its probes): twice this
+# session XLA aborted the long-lived pytest process while (de)serializing an executable for the
+# cache.  tests/test_runtime.py turns it on around the test that checks the cache is written.
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 _CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
 
