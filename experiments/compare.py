@@ -375,6 +375,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     """Write ``results`` (markdown) and the PNGs in ``figures`` from the logs."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import long_arms
+    import replication
     names = runs()
     loaded = {n: load(n) for n in names}
     have = {n: r for n, r in loaded.items() if r is not None}
@@ -428,14 +429,15 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         "paper's four arms, stress runs and AIS ablations). The diffusion setting is in",
         "[results_llada.md](results_llada.md). The Reading section at the end covers both.",
         "",
-        "Every result on this page is exploratory: none of these runs was pre-registered, and",
-        "the analysis choices (formats, seeds, warm-start target) were made while looking at",
-        "the results. The pre-registered replication of the long setting on fresh seeds 5-9",
+        "Every result on this page but one section is exploratory: none of those runs was",
+        "pre-registered, and the analysis choices (formats, seeds, warm-start target) were made",
+        "while looking at the results. The pre-registered replication of the long setting on",
+        "fresh seeds 5-9",
         "([experiments/prereg/long_replication.md](../experiments/prereg/long_replication.md))",
-        "is what tests its two hypotheses; its runs are not in these tables and will be",
-        "reported in a section of their own when all of them exist.",
+        "is what tests its two hypotheses; it has a section of its own, after the first study.",
         "",
         *long_arms.render(figures),
+        *replication.render(),
         "## The short-response setting (the embedded default)",
         "",
         "### Setting",

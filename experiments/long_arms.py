@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import time
 from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,34 +81,11 @@ def run_name(setting: str | None, arm: str, seed: int) -> str:
 
 def cmd_warm(seeds: Sequence[int], base: str) -> None:
     """Warm-start each seed's policy once; export it; log the warm start."""
-    from ais_jax.config.load import load_config
-    from ais_jax.models.pretrained import save_pretrained
-    from ais_jax.training.build import build_run
-    from ais_jax.training.warmstart import WarmStartLog, warm_start
+    from warm_export import warm_export
 
-    common = _compare().COMMON
     for seed in seeds:
-        dest = warm_dir(base, seed)
-        if os.path.exists(os.path.join(dest, "config.json")):
-            continue
-        t0 = time.perf_counter()
-        cfg = load_config(os.path.join(ROOT, CONFIG), [f"seed={seed}", f"out_dir={dest}.run",
-                                                       *common])
-        run = build_run(cfg)
-        log = WarmStartLog()
-        params = warm_start(run, run.state.params, log=log)
-        save_pretrained(params, run.model_cfg, dest)
-        run.codec.tokenizer.save(dest)
-        wall = time.perf_counter() - t0
-        shutil.rmtree(f"{dest}.run", ignore_errors=True)
-        logdir = os.path.join(LOGS, f"long_warm_s{seed}")
-        os.makedirs(logdir, exist_ok=True)
-        with open(os.path.join(logdir, "warm.json"), "w") as f:
-            json.dump({"command": f"python experiments/long_arms.py warm --seeds {seed}",
-                       "config": CONFIG, "wall_s": round(wall, 1), "warm_start": log.as_dict()},
-                      f, indent=1)
-            f.write("\n")
-        print(f"warm start seed {seed}: {wall:.0f} s -> {dest}", flush=True)
+        warm_export(CONFIG, seed, warm_dir(base, seed), f"long_warm_s{seed}",
+                    f"python experiments/long_arms.py warm --seeds {seed}", _compare().COMMON)
 
 
 def _compare():

@@ -1,0 +1,193 @@
+"""The pre-registered replication of the long-response setting: its section of docs/results.md.
+
+The plan, hypotheses, test and noise floor are fixed in
+``experiments/prereg/long_replication.md`` (committed before any of these runs); this module
+only carries that analysis out on the logs ``experiments/logs/rep_<arm>_s<seed>`` and the warm
+starts ``experiments/logs/long_warm_s<seed>`` (seeds 5-9), made by
+``python experiments/long_arms.py warm --seeds 5 6 7 8 9`` and ``python
+experiments/long_arms.py rep``.  The confirmatory analysis is rendered only when all 25 runs
+exist (the pre-registration's stopping rule); before that the section says how many exist.
+
+    python experiments/compare.py report   # regenerates docs/results.md, this section included
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Sequence
+
+import long_arms
+from stats import holm, paired_t, sign_flip_p
+
+PREREG = "experiments/prereg/long_replication.md"
+ARMS = tuple(long_arms.REP_ARMS)  # bf16 null none ais tis
+SEEDS = long_arms.REP_SEEDS
+HYPOTHESES = (("H1", "bf16", "none"), ("H2", "ais", "none"))
+EVAL_STEPS = (20, 40, 60)  # eval.every=20; step 80 is the final evaluation
+
+
+def loaded() -> dict[str, dict]:
+    """Every logged replication run: ``rep_<arm>_s<seed>`` -> `compare.load`'s dict."""
+    c = long_arms._compare()
+    names = [f"rep_{a}_s{s}" for s in SEEDS for a in ARMS]
+    return {n: r for n in names if (r := c.load(n)) is not None}
+
+
+def _warm(seed: int) -> dict | None:
+    p = os.path.join(long_arms.LOGS, f"long_warm_s{seed}", "warm.json")
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return json.load(f)
+
+
+def _after(have: dict[str, dict], arm: str, seed: int, key: str) -> float:
+    return float(have[f"rep_{arm}_s{seed}"]["summary"]["eval_after"][key])
+
+
+def _diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
+    """Per-seed ``arm - base`` of the held-out metric ``key`` after GRPO, seeds in order."""
+    return [_after(have, arm, s, key) - _after(have, base, s, key) for s in SEEDS]
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return f"{x:+.{digits}f}"
+
+
+def _interval(d: Sequence[float]) -> str:
+    t = paired_t(d)
+    return f"{_f(t.mean)} [{_f(t.ci[0])}, {_f(t.ci[1])}]"
+
+
+def _per_seed(d: Sequence[float]) -> str:
+    return ", ".join(f"s{s} {_f(x)}" for s, x in zip(SEEDS, d, strict=True))
+
+
+def _mean_sd(xs: Sequence[float]) -> str:
+    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+
+
+def _curve(run: dict, key: str) -> list[float]:
+    """Held-out ``key`` before GRPO, at each of `EVAL_STEPS`, and after GRPO."""
+    by_step = {r["step"]: r for r in run["rows"] if f"eval_{key}" in r}
+    s = run["summary"]
+    return [s["eval_before"][key], *(by_step[k][f"eval_{key}"] for k in EVAL_STEPS),
+            s["eval_after"][key]]
+
+
+def _primary(have: dict[str, dict]) -> list[str]:
+    """The confirmatory table: H1 and H2 on sampled accuracy, one-sided, Holm over both."""
+    tests = {h: paired_t(_diffs(have, a, b, "sampled_accuracy"), "greater")
+             for h, a, b in HYPOTHESES}
+    adj = holm({h: t.p for h, t in tests.items()})
+    out = [f"| hypothesis | per seed | mean [95% t-interval] | d_z | t({len(SEEDS) - 1}) | "
+           "one-sided p | "
+           "sign-flip p (one-sided) | Holm p | rejected at 0.05 |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for h, a, b in HYPOTHESES:
+        d = _diffs(have, a, b, "sampled_accuracy")
+        t = tests[h]
+        out.append(f"| {h}: {a} - {b} > 0 | {_per_seed(d)} | {_interval(d)} | "
+                   f"{t.effect:+.2f} | {t.t:.2f} | {t.p:.3f} | "
+                   f"{sign_flip_p(d, 'greater'):.3f} | {adj[h][0]:.3f} | "
+                   f"{'yes' if adj[h][1] else 'no'} |")
+    return out
+
+
+def _noise_floor(have: dict[str, dict]) -> list[str]:
+    out = ["| metric | per seed (null - bf16) | mean of \\|null - bf16\\| | "
+           "mean [95% t-interval] |", "|---|---|---|---|"]
+    for key, label in (("sampled_accuracy", "sampled"), ("accuracy", "greedy")):
+        d = _diffs(have, "null", "bf16", key)
+        out.append(f"| {label} | {_per_seed(d)} | {statistics.mean(abs(x) for x in d):.3f} | "
+                   f"{_interval(d)} |")
+    return out
+
+
+def _exploratory(have: dict[str, dict]) -> list[str]:
+    rows = [("H1 bf16 - none", "bf16", "none", "accuracy", "greedy"),
+            ("H2 ais - none", "ais", "none", "accuracy", "greedy"),
+            ("tis - none", "tis", "none", "sampled_accuracy", "sampled"),
+            ("tis - none", "tis", "none", "accuracy", "greedy"),
+            ("ais - tis", "ais", "tis", "sampled_accuracy", "sampled"),
+            ("ais - tis", "ais", "tis", "accuracy", "greedy")]
+    out = ["| comparison | metric | per seed | mean [95% t-interval] | d_z | two-sided p | "
+           "sign-flip p (two-sided) |", "|---|---|---|---|---|---|---|"]
+    for label, a, b, key, metric in rows:
+        d = _diffs(have, a, b, key)
+        t = paired_t(d)
+        out.append(f"| {label} | {metric} | {_per_seed(d)} | {_interval(d)} | "
+                   f"{t.effect:+.2f} | {t.p:.3f} | {sign_flip_p(d):.3f} |")
+    return out
+
+
+def _arms_table(have: dict[str, dict]) -> list[str]:
+    out = ["| arm | sampled after | greedy after | pass@4 after | sampled before | "
+           "token ESS ratio (mean) | d_bar (mean) | alpha (mean) | wall s (mean) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for arm in ARMS:
+        runs = [have[f"rep_{arm}_s{s}"] for s in SEEDS]
+
+        def col(key: str, runs: list[dict] = runs) -> str:
+            return _mean_sd([statistics.mean(r[key] for r in run["rows"]) for run in runs])
+
+        after = [r["summary"]["eval_after"] for r in runs]
+        out.append(
+            f"| {arm} | {_mean_sd([a['sampled_accuracy'] for a in after])} | "
+            f"{_mean_sd([a['accuracy'] for a in after])} | "
+            f"{_mean_sd([a['pass@4'] for a in after])} | "
+            f"{_mean_sd([r['summary']['eval_before']['sampled_accuracy'] for r in runs])} | "
+            f"{col('ess_ratio')} | {col('d_bar')} | {col('alpha')} | "
+            f"{statistics.mean(r['meta']['wall_s'] for r in runs):.0f} |")
+    return out
+
+
+def _curves(have: dict[str, dict]) -> list[str]:
+    steps = ("0", *map(str, EVAL_STEPS), "80")
+    out = ["| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
+           "|---|" + "---|" * len(steps)]
+    for arm in ARMS:
+        curves = [_curve(have[f"rep_{arm}_s{s}"], "sampled_accuracy") for s in SEEDS]
+        means = [statistics.mean(c[i] for c in curves) for i in range(len(steps))]
+        out.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+    return out
+
+
+def render() -> list[str]:
+    """The replication's section of docs/results.md (markdown lines)."""
+    have = loaded()
+    total = len(ARMS) * len(SEEDS)
+    out = ["## Replication on fresh seeds (pre-registered)", "",
+           f"Pre-registered in [{PREREG}](../{PREREG}) before any of its runs: the long-response "
+           f"setting above, seeds {SEEDS[0]}-{SEEDS[-1]} (never used before), arms "
+           f"{', '.join(f'`{a}`' for a in ARMS)} (`null` is BF16 on another RL-step key "
+           "stream: the noise floor), one-sided paired t-tests of H1 (bf16 > none) and H2 "
+           "(ais > none) on held-out sampled accuracy after GRPO, Holm over the two at 0.05. "
+           "`none`, `ais` and `tis` roll out with MXFP4 weights and an MXFP4 lm_head. Runs: "
+           "`python experiments/long_arms.py warm --seeds 5 6 7 8 9`, then `python "
+           "experiments/long_arms.py rep`; each run's command, wall time and load are in "
+           "`experiments/logs/rep_<arm>_s<seed>/run.json`.", ""]
+    if len(have) < total:
+        return [*out, f"{len(have)} of {total} runs logged; the analysis is made when all "
+                "exist (the pre-registration's stopping rule).", ""]
+    out += ["Warm starts (the config's criterion, greedy accuracy 0.5 on 100 training-split "
+            "problems):", "", "| seed | steps | last check | wall s |", "|---|---|---|---|"]
+    for s in SEEDS:
+        w = _warm(s)
+        if w is not None:
+            ws = w["warm_start"]
+            last = ws["checks"][-1]
+            out.append(f"| {s} | {ws['steps_run']} | {last['step']}: {last['accuracy']:.2f} | "
+                       f"{w['wall_s']:.0f} |")
+    out += ["", "### Confirmatory: the two pre-registered hypotheses", "", *_primary(have), "",
+            "Noise floor (the `null` arm against `bf16`, same seeds):", "", *_noise_floor(have),
+            "", f"### Arms (mean ± sd over the {len(SEEDS)} seeds; held-out, 200 problems)", "",
+            *_arms_table(have), "",
+            "Token ESS ratio, d_bar and alpha are means over the 80 steps of each run (alpha is "
+            "logged as 0 without a correction and 1 with TIS).", "",
+            "Held-out sampled accuracy during GRPO (mean over seeds; `eval.every=20`):", "",
+            *_curves(have), "", "### Exploratory (no correction for multiplicity)", "",
+            *_exploratory(have), ""]
+    return out
