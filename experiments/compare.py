@@ -376,6 +376,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import long_arms
     import replication
+    import smollm2_mechanism
     names = runs()
     loaded = {n: load(n) for n in names}
     have = {n: r for n, r in loaded.items() if r is not None}
@@ -438,6 +439,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         "",
         *long_arms.render(figures),
         *replication.render(),
+        *smollm2_mechanism.render(),
         "## The short-response setting (the embedded default)",
         "",
         "### Setting",

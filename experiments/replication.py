@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from collections.abc import Sequence
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # long_arms, stats
 import long_arms
 from stats import holm, paired_t, sign_flip_p
 

@@ -77,7 +77,41 @@ def test_long_report_excludes_the_replication():
     assert set(mod._warm_logs()) <= set(mod.FIRST_SEEDS)
     with open(os.path.join(ROOT, "docs", "results.md")) as f:
         page = f.read()
-    assert not any(f"s{sd} +" in page or f"s{sd} -" in page for sd in mod.REP_SEEDS)
+    start = page.index("## The long-response setting")
+    first = page[start:page.index("## Replication on fresh seeds", start)]
+    assert "s0 +" in first or "s0 -" in first  # the first study's per-seed rows are there
+    assert not any(f"s{sd} +" in first or f"s{sd} -" in first for sd in mod.REP_SEEDS)
+
+
+def test_replication_section_waits_for_all_runs_then_tests_the_two_hypotheses():
+    """The pre-registered analysis appears only with all 25 runs (the stopping rule) and
+    names H1, H2, Holm and the noise floor."""
+    rep = _experiment("replication")
+    lines = "\n".join(rep.render())
+    n = len(rep.loaded())
+    assert len(rep.ARMS) * len(rep.SEEDS) == 25
+    if n < 25:
+        assert f"{n} of 25 runs logged" in lines and "Holm p" not in lines
+    else:
+        for needle in ("H1: bf16 - none > 0", "H2: ais - none > 0", "Holm p",
+                       "mean of \\|null - bf16\\|"):
+            assert needle in lines, needle
+
+
+def test_smollm2_data_files_regenerate_and_arms_are_valid():
+    mod = _experiment("smollm2_mechanism")
+    for name, text in mod.data_text().items():
+        with open(os.path.join(ROOT, "configs", "data", name)) as f:
+            assert f.read() == text, name
+    train, held = mod.sums_split()
+    assert len(train) == 60 and len(held) == 40
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    from ais_jax.config.load import load_config
+
+    grid = mod.planned(mod.SEEDS, tuple(mod.ARMS))
+    assert list(grid)[:2] == ["smollm2_none_s0", "smollm2_ais_s0"]
+    for ov in grid.values():
+        load_config(os.path.join(ROOT, mod.CONFIG), list(ov))
 
 
 def test_long_arms_grid_names_and_overrides():

@@ -20,7 +20,8 @@ Final-answer extraction from a completion (`extract`), first hit wins:
 3. the text after the last ``####`` (GSM8K style),
 4. what follows the last "the answer is", up to the end of its line or sentence,
 5. the whole completion when it is a short bare answer (at most 64 characters,
-   one line, no letters outside LaTeX commands: ``\\frac{3}{4}``, ``(1, 2)``),
+   one line, no letters outside LaTeX commands: ``\\frac{3}{4}``, ``(1, 2)``); with an
+   ``=`` in it (``8 + 6 = 14``), what follows the last ``=``,
 6. the last number in the text (fallback).
 
 Equivalence is `ais_jax.tasks.equivalence.answers_equal` (exact numbers,
@@ -53,13 +54,18 @@ _LETTERS = re.compile(r"[a-zA-Z]")
 
 
 def _bare_answer(text: str) -> str | None:
-    """The whole completion if it is short and has no words (a bare compact answer), or None."""
+    """The whole completion if it is short and has no words (a bare compact answer), or None;
+    a bare worked line ``"8 + 6 = 14"`` gives its right-hand side ``"14"``."""
     if len(text) > 4 * _BARE_MAX_CHARS:
         return None
     whole = text.strip()
     if not whole or len(whole) > _BARE_MAX_CHARS or "\n" in whole:
         return None
-    return None if _LETTERS.search(_LATEX_COMMAND.sub("", whole)) else whole
+    if _LETTERS.search(_LATEX_COMMAND.sub("", whole)):
+        return None
+    if "=" in whole:  # a worked bare line, "8 + 6 = 14": its right-hand side
+        return whole.rsplit("=", 1)[1].strip() or None
+    return whole
 
 
 def extract(text: str) -> str | None:

@@ -32,6 +32,11 @@ def _p(answer):
         ("we get 3 apples and then 5", "5"),
         ("total -1,234.5 dollars", "-1,234.5"),
         ("ratio 3/4", "3/4"),
+        ("8 + 6 = 14", "14"),  # a bare worked line: its right-hand side
+        ("3 \\times 4 = 12", "12"),  # LaTeX commands are not words
+        ("2+2=", "2"),  # nothing after "=": the last number
+        ("9 + 9 = 10 in this context.", "10"),  # words: the last number
+        ("(1, 2)", "(1, 2)"),
         ("no numbers here", None),
         ("", None),
     ],
