@@ -102,6 +102,30 @@ def test_keep_n_and_latest_step(tmp_path):
     ckpt.close(m)
 
 
+def test_open_manager_returns_after_orbax_startup_cleanup(tmp_path, monkeypatch):
+    """Orbax cleans temporary step directories in a background thread that ``close`` does not
+    wait for; `open_manager` waits for it, so a run closed right after opening (bad input)
+    leaves no orbax thread behind to print a traceback at exit.  A slowed cleanup makes the
+    race deterministic: without the wait, the cleanup is still running when open returns."""
+    import asyncio
+
+    from orbax.checkpoint import checkpoint_manager as cm
+
+    original = cm.temporary_paths.cleanup_temporary_paths
+    done = []
+
+    async def slow_cleanup(*args, **kwargs):
+        await asyncio.sleep(0.5)
+        out = await original(*args, **kwargs)
+        done.append(True)
+        return out
+
+    monkeypatch.setattr(cm.temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+    manager = ckpt.open_manager(tmp_path, keep=1)
+    assert done == [True]
+    ckpt.close(manager)
+
+
 def test_leftover_tmp_dir_from_a_crash_is_not_the_latest(tmp_path):
     m = ckpt.open_manager(tmp_path, keep=3)
     ckpt.save(m, 2, _state(2))

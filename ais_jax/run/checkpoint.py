@@ -79,7 +79,21 @@ def open_manager(out_dir: str | os.PathLike, keep: int) -> ocp.CheckpointManager
             f"cannot open checkpoint directory {directory}: {e}; use a writable out_dir")
                ) from None
     manager.ais_jax_keep = keep  # read by `save`
+    _wait_for_startup(manager)
     return manager
+
+
+def _wait_for_startup(manager: ocp.CheckpointManager) -> None:
+    """Wait for the background cleanup of temporary step directories the manager starts.
+
+    Orbax runs ``cleanup_tmp_directories`` in a thread of its own that ``close`` does not
+    wait for: closed right after opening (a run stopping on bad input), the thread then
+    submitted work to the closed manager's executor and printed a traceback after the CLI's
+    one-line error (seen once in CI).  Waiting here makes the manager idle once opened.
+    """
+    fut = getattr(manager, "_cleanup_tmp_directory_future", None)
+    if fut is not None:
+        fut.result()
 
 
 def _is_key(x: Any) -> bool:
