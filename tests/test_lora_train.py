@@ -114,7 +114,8 @@ def _error(over, capsys) -> str:
     (["lora.rank=4", "lora.targets=wq,qkv"], "unknown target(s) 'qkv'"),
     (["lora.rank=4", "lora.targets=wq,wq"], "names a target twice"),
     (["lora.rank=4", "lora.alpha=0"], "lora.alpha"),
-    (["lora.rank=4", "lora.dropout=0.1"], "lora.dropout"),
+    (["lora.rank=4", "lora.dropout=1.0"], "lora.dropout must be in [0, 1)"),
+    (["lora.rank=4", "lora.dropout=-0.1"], "lora.dropout must be in [0, 1)"),
     (["lora.rank=40"], "exceeds"),  # the tiny model's wq is 32 x 32
     (["model.adapter=/nonexistent"], "needs LoRA on"),
 ])
@@ -214,3 +215,83 @@ def test_checkpoints_from_before_the_lora_keys_still_resume():
     with pytest.raises(UsageError, match=r"lora\.rank"):
         runguard.check_resume_config({"config": old}, load_config(None, [*TINY_RUN, *LORA]),
                                      1, "out")
+
+
+def test_lora_dropout_in_0_1_is_accepted():
+    from ais_jax.training.trainer import single_forward
+
+    for p in (0.0, 0.1, 0.5, 0.95):
+        cfg = load_config(None, [*TINY_RUN, *LORA, f"lora.dropout={p}"])
+        assert cfg.lora.dropout == p
+        # dropout draws masks in the differentiated forward: logp_old comes from the score
+        assert single_forward(cfg) == (p == 0)
+
+
+def test_dropout_keys_are_fresh_per_step_and_micro_batch():
+    """Known answer of `apply_update`'s dropout keys: loss = sum(w * u(key) * x) with u the
+    uniform draw of the key it is given; with SGD(1) the step is minus sum_i u(k_i) x_i over
+    micro-batches i, k_i = fold_in(fold_in(key, state.step), i)."""
+    from typing import NamedTuple
+
+    import optax
+
+    from ais_jax.training import optim
+
+    class B(NamedTuple):
+        x: jax.Array
+        mask: jax.Array
+
+    def loss_fn(p, b, totals=None, key=None):
+        return jnp.sum(p["w"] * jax.random.uniform(key, b.x.shape) * b.x), {}
+
+    x = jnp.arange(1.0, 9.0).reshape(4, 2)
+    b, key = B(x, jnp.ones((4, 2))), jax.random.key(5)
+    st = optim.init_train_state({"w": jnp.zeros((2,))}, optax.sgd(1.0))
+    st = st._replace(step=st.step + 3)
+    k = jax.random.fold_in(key, 3)
+    for micro in (1, 2):
+        new, _ = optim.apply_update(st, b, loss_fn, optax.sgd(1.0), micro_batches=micro,
+                                    key=key)
+        want = -sum(np.sum(np.asarray(jax.random.uniform(jax.random.fold_in(k, i), (4 // micro,
+                    2))) * np.asarray(x[i * 4 // micro:(i + 1) * 4 // micro]), axis=0)
+                    for i in range(micro))
+        np.testing.assert_allclose(np.asarray(new.params["w"]), want, rtol=1e-6)
+    # another optimizer step draws other masks
+    other, _ = optim.apply_update(st._replace(step=st.step + 1), b, loss_fn, optax.sgd(1.0),
+                                  key=key)
+    assert not np.allclose(np.asarray(other.params["w"]), np.asarray(new.params["w"]))
+
+
+@pytest.mark.slow  # two builds, the rollout, two scores and two updates: ~40-70 s on 2 cores
+def test_lora_dropout_only_in_the_update_loss(tmp_path):
+    """lora.dropout > 0: the score (logp_old, hence the AIS statistics) equals dropout 0's for
+    the same adapters; the update's loss and gradient differ; the same key repeats the update
+    bit for bit and another key draws other masks."""
+    over = [*TINY_RUN, "rollout.group_size=2", f"out_dir={tmp_path}", *LORA]
+    r0 = build_run(load_config(None, over))
+    r1 = build_run(load_config(None, [*over, "lora.dropout=0.3"]))
+    assert r1.fns.score_for_update and r1.lora.cfg.dropout == 0.3
+    rng = np.random.default_rng(1)  # trained-looking adapters: B != 0
+    adapters = jax.tree.map(lambda x: jnp.asarray(0.2 * rng.standard_normal(x.shape), x.dtype),
+                            r0.state.params)
+    pt, pm = _first_prompts(r0)
+    batch = r0.fns.rollout(adapters, pt, pm, jax.random.key(3))
+    lo0, lo1 = r0.fns.score(adapters, batch), r1.fns.score(adapters, batch)
+    np.testing.assert_array_equal(np.asarray(lo0), np.asarray(lo1))
+    rewards = to_global(rng.normal(size=(8, 2)).astype(np.float32), r0.fns.batch_sharding)
+
+    def update(r, key):  # a fresh copy each time: the update donates its state
+        st = jax.tree.map(jnp.array, r.state._replace(params=adapters))
+        st, met = r.fns.update(st, batch, rewards, jax.random.key(key), None, lo0)
+        return jax.tree.map(np.asarray, st.params), {k: float(v) for k, v in met.items()}
+
+    p0, m0 = update(r0, 0)
+    p1, m1 = update(r1, 0)
+    p1b, m1b = update(r1, 0)
+    p1c, _ = update(r1, 1)
+    assert _digest(p1) == _digest(p1b) and m1 == m1b  # deterministic given the key
+    assert _digest(p1) != _digest(p1c)  # fresh masks from another step key
+    assert m1["loss"] != m0["loss"] and m1["grad_norm"] != m0["grad_norm"]
+    assert _digest(p1) != _digest(p0)
+    for k in ("d_bar", "alpha", "ess_ratio"):  # measured from the deterministic score
+        assert m1[k] == m0[k], k

@@ -162,8 +162,11 @@ def test_load_refuses_bad_tensors_and_models(adapter_dir, tmp_path):
     with pytest.raises(CheckpointError, match=rf"'{key}' .* has shape \(4, 32\) but .* imply "
                                                r"\(4, 40\)"):
         peft_io.load_peft_adapter(out, wide)
-    with pytest.raises(UsageError, match="not LLaDAConfig"):
+    # an AR adapter is not a LLaDA one (LLaDA's module names: tests/test_lora_llada.py)
+    with pytest.raises(CheckpointError, match=r"target module 'o_proj' is not one of .*attn_out"):
         peft_io.load_peft_adapter(out, llada.LLaDAConfig(64, 32, 48, 2, 4, 2, mask_token_id=1))
+    with pytest.raises(UsageError, match="not dict"):
+        peft_io.load_peft_adapter(out, {})
     f = out / peft_io.WEIGHTS_FILE
     w = load_file(f)
     extra = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"

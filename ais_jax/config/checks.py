@@ -270,10 +270,9 @@ def check_lora(cfg: Config) -> None:
              f"{clip(', '.join(unknown))}; use a comma list of {', '.join(LORA_TARGETS)}, or all")
     _require(len(set(names)) == len(names),
              f"lora.targets={clip(lo.targets)} names a target twice; list each once")
-    _require(lo.dropout == 0, f"lora.dropout={clip(lo.dropout)}: GRPO with LoRA supports only "
-             "lora.dropout=0 for now (the importance ratios need a deterministic policy)")
-    _require(cfg.model.kind != "llada", "LoRA (lora.rank > 0) is supported for "
-             "autoregressive models; set lora.rank=0 for a LLaDA policy")
+    _require(not isinstance(lo.dropout, bool) and 0 <= lo.dropout < 1,
+             f"lora.dropout must be in [0, 1) (dropout on the LoRA branch's input in the "
+             f"update's loss forward; 0 = off), got {clip(lo.dropout)}")
     if cfg.model.adapter and os.environ.get(SKIP_PATH_CHECK_ENV) != "1":
         _require(os.path.isdir(cfg.model.adapter), f"model.adapter {clip(cfg.model.adapter)} "
                  "is not a directory; point it at a PEFT adapter directory or set it to ''")

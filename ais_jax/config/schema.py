@@ -170,7 +170,7 @@ class LoraSection:
     rank: int = 0  # adapter rank r; 0 = off (full fine-tuning)
     alpha: float = 16.0  # the update is scaled by alpha / rank
     targets: str = "all"  # adapted linears: all, or a comma list of wq,wk,wv,wo,w_gate,w_up,w_down
-    dropout: float = 0.0  # adapter-input dropout; only 0 in GRPO for now (deterministic ratios)
+    dropout: float = 0.0  # adapter-input dropout, [0, 1); only in the update's loss forward
 
 
 @dataclass(frozen=True)

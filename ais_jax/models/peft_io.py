@@ -1,13 +1,17 @@
 """PEFT's LoRA adapter directories (``adapter_config.json`` + ``adapter_model.safetensors``) <->
-`ais_jax.models.lora` adapters of an AR decoder.
+`ais_jax.models.lora` adapters of an AR decoder or a LLaDA policy.
 
-Module names come from the parameter table `ais_jax.models.layout`: the adapter of
-``params["layers"][name]`` at layer ``i`` is PEFT's
-``base_model.model.model.layers.{i}.<module>.lora_A.weight`` ``[r, in]`` / ``lora_B.weight``
-``[out, r]``, where ``<module>`` is the table's HF name without ``.weight`` (``self_attn.q_proj``)
-and PEFT's ``target_modules`` lists its last part (``q_proj``).  Only plain LoRA is read: the
-PEFT options that change the model's function beyond ``W + scale B A`` on these linears are
-refused with a one-line `ais_jax.core.errors.CheckpointError`.
+Module names come from the model family's parameter table (`ais_jax.models.layout`, or
+`ais_jax.models.llada.model` for a `LLaDAConfig`): the adapter of ``params["layers"][name]`` at
+layer ``i`` is PEFT's ``base_model.model.<layer prefix><module>.lora_A.weight`` ``[r, in]`` /
+``lora_B.weight`` ``[out, r]``, where the layer prefix is ``model.layers.{i}.`` (AR) or
+``model.transformer.blocks.{i}.`` (LLaDA's HF checkpoint), ``<module>`` is the table's HF name
+without ``.weight`` (``self_attn.q_proj``; LLaDA: ``q_proj``, ``attn_out``, ``ff_proj``,
+``up_proj``, ``ff_out``) and PEFT's ``target_modules`` lists its last part (``q_proj``).  An
+untied LLaDA has a top-level ``model.transformer.ff_out`` (the output head) that PEFT's name
+match would also pick: its ``target_modules`` is then a regex over the blocks' modules.  Only
+plain LoRA is read: the PEFT options that change the model's function beyond ``W + scale B A``
+on these linears are refused with a one-line `ais_jax.core.errors.CheckpointError`.
 """
 
 from __future__ import annotations
@@ -37,26 +41,53 @@ _REFUSED = ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save", "lay
             "exclude_modules", "arrow_config", "megatron_config")
 
 
-def module_path(name: str) -> str:
-    """PEFT module path of target ``name`` under a layer: ``"wq"`` -> ``"self_attn.q_proj"``."""
-    return layout.LAYER_PARAMS[name].hf.removesuffix(".weight")
+def _family(model_cfg: Any = None) -> tuple[str, dict[str, Any]]:
+    """``(HF layer prefix, per-layer table)`` of the model family of ``model_cfg`` (None: AR)."""
+    from ais_jax.models.llada import model as llada
+
+    if isinstance(model_cfg, llada.LLaDAConfig):
+        return llada.HF_LAYER_PREFIX, llada.LAYER_PARAMS
+    return layout.HF_LAYER_PREFIX, layout.LAYER_PARAMS
 
 
-def module_name(name: str) -> str:
+def module_path(name: str, model_cfg: Any = None) -> str:
+    """PEFT module path of target ``name`` under a layer: ``"wq"`` -> ``"self_attn.q_proj"``
+    (a `LLaDAConfig` ``model_cfg``: ``"q_proj"``; ``"w_down"`` -> ``"ff_out"``)."""
+    return _family(model_cfg)[1][name].hf.removesuffix(".weight")
+
+
+def module_name(name: str, model_cfg: Any = None) -> str:
     """PEFT ``target_modules`` entry of target ``name``: ``"wq"`` -> ``"q_proj"``."""
-    return module_path(name).rpartition(".")[2]
+    return module_path(name, model_cfg).rpartition(".")[2]
 
 
-def peft_key(name: str, layer: int, which: str) -> str:
-    """Tensor name of ``which`` (``"A"`` or ``"B"``) of target ``name`` at layer ``layer``."""
-    return f"{PEFT_PREFIX}{layout.HF_LAYER_PREFIX.format(i=layer)}{module_path(name)}" \
-           f".lora_{which}.weight"
+def peft_key(name: str, layer: int, which: str, model_cfg: Any = None) -> str:
+    """Tensor name of ``which`` (``"A"`` or ``"B"``) of target ``name`` at layer ``layer``
+    (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``; LLaDA:
+    ``base_model.model.model.transformer.blocks.0.q_proj.lora_A.weight``)."""
+    prefix = _family(model_cfg)[0].format(i=layer)
+    return f"{PEFT_PREFIX}{prefix}{module_path(name, model_cfg)}.lora_{which}.weight"
+
+
+def target_modules(lora_cfg: LoraConfig, model_cfg: Any) -> list[str] | str:
+    """``adapter_config.json``'s ``target_modules``: the module names, or (an untied LLaDA
+    with ``w_down``, whose name ``ff_out`` is also the output head's) a regex full-matching
+    the blocks' modules only."""
+    names = [module_name(n, model_cfg) for n in lora_cfg.targets]
+    prefix = _family(model_cfg)[0]
+    if "ff_out" in names and prefix != layout.HF_LAYER_PREFIX and not model_cfg.tie_embeddings:
+        return (re.escape(prefix.format(i="@")).replace("@", r"\d+")
+                + "(" + "|".join(names) + ")")
+    return names
 
 
 def _check_model_cfg(model_cfg: Any) -> None:
-    if not isinstance(model_cfg, layout.ModelConfig):
-        raise UsageError(f"PEFT adapter files are supported for the AR decoder's ModelConfig, not "
-                         f"{type(model_cfg).__name__}; merge the adapters and save the model")
+    from ais_jax.models.llada.model import LLaDAConfig
+
+    if not isinstance(model_cfg, layout.ModelConfig | LLaDAConfig):
+        raise UsageError(f"PEFT adapter files are supported for the AR decoder's ModelConfig and "
+                         f"LLaDAConfig, not {type(model_cfg).__name__}; merge the adapters and "
+                         "save the model")
 
 
 def save_peft_adapter(adapters: dict, lora_cfg: LoraConfig, model_cfg: Any,
@@ -67,7 +98,7 @@ def save_peft_adapter(adapters: dict, lora_cfg: LoraConfig, model_cfg: Any,
       adapters: ``{"layers": {name: {"a": [L, r, in], "b": [L, out, r]}}}``; the tensors keep
         their dtype.
       lora_cfg: the adapters' settings (rank, alpha, dropout, rslora, targets).
-      model_cfg: the base model's `ais_jax.models.layout.ModelConfig`.
+      model_cfg: the base model's `ais_jax.models.layout.ModelConfig` or `LLaDAConfig`.
       out_dir: directory (created) for ``adapter_config.json`` and ``adapter_model.safetensors``.
       base_model_name_or_path: recorded in the config (the base checkpoint's hub id or path).
 
@@ -98,7 +129,7 @@ def save_peft_adapter(adapters: dict, lora_cfg: LoraConfig, model_cfg: Any,
                 raise CheckpointError(f"refusing to export {out_dir}: adapter {name} "
                                       f"{which.lower()} holds {bad} non-finite values")
             for layer in range(L):
-                out[peft_key(name, layer, which)] = np.ascontiguousarray(arr[layer])
+                out[peft_key(name, layer, which, model_cfg)] = np.ascontiguousarray(arr[layer])
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -106,7 +137,7 @@ def save_peft_adapter(adapters: dict, lora_cfg: LoraConfig, model_cfg: Any,
         "r": lora_cfg.rank,
         "lora_alpha": lora_cfg.alpha,
         "lora_dropout": lora_cfg.dropout,
-        "target_modules": [module_name(n) for n in lora_cfg.targets],
+        "target_modules": target_modules(lora_cfg, model_cfg),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": lora_cfg.rslora,
@@ -127,14 +158,19 @@ def save_peft_adapter(adapters: dict, lora_cfg: LoraConfig, model_cfg: Any,
         json.dump(config, f, indent=2)
 
 
-def _targets(cfg: dict, num_layers: int, source: str) -> tuple[str, ...]:
+def _targets(cfg: dict, model_cfg: Any, source: str) -> tuple[str, ...]:
     """The table names PEFT's ``target_modules`` selects (matched as PEFT matches them)."""
     mods = cfg.get("target_modules")
     if mods == "all-linear":  # every linear but the output head
         return TARGETS
+    prefix = _family(model_cfg)[0]
 
     def paths(n: str) -> list[str]:  # the module in every layer, as the CausalLM names it
-        return [layout.HF_LAYER_PREFIX.format(i=i) + module_path(n) for i in range(num_layers)]
+        return [prefix.format(i=i) + module_path(n, model_cfg)
+                for i in range(model_cfg.num_layers)]
+
+    def module_name(n: str) -> str:
+        return module_path(n, model_cfg).rpartition(".")[2]
 
     if isinstance(mods, str):  # a regex, full-matched against module names
         try:
@@ -188,7 +224,7 @@ def load_peft_adapter(path: str | os.PathLike, model_cfg: Any, dtype: Any = jnp.
 
     Args:
       path: directory with ``adapter_config.json`` and ``adapter_model.safetensors``.
-      model_cfg: the base model's `ais_jax.models.layout.ModelConfig`.
+      model_cfg: the base model's `ais_jax.models.layout.ModelConfig` or `LLaDAConfig`.
       dtype: dtype of the returned adapter arrays.
 
     Returns:
@@ -213,7 +249,7 @@ def load_peft_adapter(path: str | os.PathLike, model_cfg: Any, dtype: Any = jnp.
         handle = weight_files.SafetensorsFiles(stack)(w_path)
         names = {re.sub(r"\.lora_([AB])\.default\.weight$", r".lora_\1.weight", k): k
                  for k in handle.keys()}  # noqa: SIM118
-        targets = _targets(cfg, model_cfg.num_layers, cfg_path)
+        targets = _targets(cfg, model_cfg, cfg_path)
         try:
             lora_cfg = LoraConfig(rank=cfg.get("r", 8), alpha=cfg.get("lora_alpha", 8),
                                   targets=targets, dropout=cfg.get("lora_dropout", 0.0),
@@ -229,7 +265,7 @@ def load_peft_adapter(path: str | os.PathLike, model_cfg: Any, dtype: Any = jnp.
             for which, shape in (("A", (r, i)), ("B", (o, r))):
                 stack_ = []
                 for layer in range(L):
-                    key = peft_key(name, layer, which)
+                    key = peft_key(name, layer, which, model_cfg)
                     if key not in names:
                         raise CheckpointError(f"tensor {key!r} is missing from {w_path}; the "
                                               "adapter must cover every layer of its targets")
@@ -247,5 +283,5 @@ def load_peft_adapter(path: str | os.PathLike, model_cfg: Any, dtype: Any = jnp.
         extra = sorted(names)
         raise CheckpointError(f"{w_path} holds tensors of no supported target ({extra[:3]}"
                               f"{'...' if len(extra) > 3 else ''}); only plain LoRA on "
-                              f"{[module_name(n) for n in TARGETS]} loads")
+                              f"{[module_name(n, model_cfg) for n in TARGETS]} loads")
     return {"layers": layers}, lora_cfg

@@ -70,11 +70,13 @@ def resolve_llada_config(cfg: Config) -> tuple[Any, str]:
 
 
 def _compile_programs(cfg: Config, lcfg: Any, mesh: Any, state: Any, optimizer: Any,
-                      prompt_len: int) -> dict[str, dict[str, float]]:
+                      prompt_len: int, pol: Any = None) -> dict[str, dict[str, float]]:
     """``{"update", "rollout", "score"}``: per-device bytes and compile seconds.
 
     The batch's abstract shapes come from the rollout program itself
     (``jax.eval_shape``), so the plan follows `ais_jax.training.llada.steps.DiffusionBatch`.
+    ``pol``: LoRA's abstract `ais_jax.training.lora_policy.LoraPolicy` (the state then holds
+    the adapters; `ais_jax.training.llada.lora_steps`), or None.
     """
     import jax
     import jax.numpy as jnp
@@ -84,13 +86,19 @@ def _compile_programs(cfg: Config, lcfg: Any, mesh: Any, state: Any, optimizer: 
     r = cfg.rollout
     Pn, G, P = r.prompts_per_step, r.group_size, prompt_len
     eos = (lcfg.eos_token_id,) if lcfg.eos_token_id is not None else ()
-    fns = ls.build_step_fns(state, mesh, optimizer, None, lcfg, cfg, eos, lcfg.pad_token_id)
+    if pol is None:
+        fns = ls.build_step_fns(state, mesh, optimizer, None, lcfg, cfg, eos, lcfg.pad_token_id)
+    else:
+        from ais_jax.training.llada.lora_steps import build_lora_step_fns
+
+        fns = build_lora_step_fns(state, mesh, optimizer, None, lcfg, cfg, eos,
+                                  lcfg.pad_token_id, pol)
     sds = jax.ShapeDtypeStruct
     key = jax.eval_shape(lambda: jax.random.key(0))
     prompts, pmask = sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_)
     batch = jax.eval_shape(fns.rollout, state.params, prompts, pmask, key)
     logp_old = jax.eval_shape(fns.score, state.params, batch)
-    ref = state.params if cfg.train.beta_kl > 0 else None
+    ref = state.params if cfg.train.beta_kl > 0 and pol is None else None
     out = {}
     t0 = time.perf_counter()
     upd = fns.update.lower(state, batch, sds((Pn, G), jnp.float32), key, ref, logp_old).compile()
@@ -142,19 +150,28 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
     shards = shd.batch_divisor(mesh)
     check_batch(cfg, shards)
     optimizer, _ = build.build_optimizers(cfg)
-    state = abstract_state(cfg, lcfg, mesh, optimizer, param_table(lcfg))
-    programs = _compile_programs(cfg, lcfg, mesh, state, optimizer, prompt_len)
+    state = full = abstract_state(cfg, lcfg, mesh, optimizer, param_table(lcfg))
+    pol = None
+    if cfg.lora.rank > 0:  # the state holds the adapters; the programs take the frozen base
+        from ais_jax.run.plan_report import abstract_lora
+
+        state, pol = abstract_lora(cfg, lcfg, mesh, full, optimizer)
+    programs = _compile_programs(cfg, lcfg, mesh, state, optimizer, prompt_len, pol)
     r, t = cfg.rollout, cfg.train
     B, N = r.prompts_per_step * r.group_size, r.max_new_tokens
-    analytic = analytic_bytes(cfg, lcfg, mesh, state, prompt_len)
+    # LoRA: the params are the base (compute dtype), the optimizer state the adapters'
+    analytic = analytic_bytes(cfg, lcfg, mesh, state if pol is None else full._replace(
+        params=pol.base, opt_state=state.opt_state), prompt_len)
     del analytic["kv_cache_bytes"], analytic["prefill_logits_bytes"]  # no KV cache, no prefill
     # every denoising step: float32 logits of all rows x (P + N) positions, rows over the shards
     analytic["sampler_logits_bytes"] = math.ceil(B / shards) * (prompt_len + N) \
         * lcfg.vocab_size * 4
-    resident = analytic["opt_state_bytes"] + (analytic["params_bytes"] if t.beta_kl > 0 else 0)
+    # the KL reference is resident unless it is LoRA's frozen base (then it is the params)
+    resident = analytic["opt_state_bytes"] + (analytic["params_bytes"] if t.beta_kl > 0
+                                              and pol is None else 0)
     roll_peak = programs["rollout"]["peak_bytes"] + resident
     score_peak = programs["score"]["peak_bytes"] + resident
-    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(full.params))
     plan: dict[str, Any] = {
         **programs, "devices": devices,
         "fits": max(programs["update"]["peak_bytes"], roll_peak, score_peak) <= device_memory,
@@ -162,8 +179,9 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
         "score_resident_peak_bytes": score_peak, "backend": jax.default_backend(),
         "model": {"source": cfg.model.source, "from": origin, "kind": "llada",
                   "params": n_params, "layers": lcfg.num_layers, "hidden": lcfg.hidden_size,
-                  "vocab": lcfg.vocab_size, "lora_rank": 0,
-                  "param_dtype": cfg.model.param_dtype},
+                  "vocab": lcfg.vocab_size, "lora_rank": cfg.lora.rank,
+                  "param_dtype": cfg.model.param_dtype if pol is None else
+                  f"{cfg.model.compute_dtype} frozen base + LoRA r={cfg.lora.rank} float32"},
         "mesh": {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor},
         "shapes": {"prompts": r.prompts_per_step, "group": r.group_size, "rows": B,
                    "prompt_len": prompt_len, "new_tokens": N, "minibatches": t.minibatches,

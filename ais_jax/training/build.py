@@ -347,10 +347,7 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
     rewards = build_rewards(cfg.reward, reward_fns)
     mesh = build_mesh(cfg)
     optimizer, sft_opt = build_optimizers(cfg)
-    lora_cfg = lp.lora_config(cfg)
-    if lora_cfg is not None and model_kind(cfg) == "llada":
-        raise UsageError("LoRA (lora.rank > 0) is supported for autoregressive models; set "
-                         "lora.rank=0 for a LLaDA policy")
+    lora_cfg, llada_run = lp.lora_config(cfg), model_kind(cfg) == "llada"
     model_src_cfg = cfg
     if lora_cfg is not None and cfg.model.source != "scratch":
         # the frozen base is kept in the compute dtype: load it so (no float32 copy)
@@ -377,24 +374,24 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
     bucket = min(bucket_length(longest + 4, pow2_max=0),
                  model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens)
     ids = st.TokenIds(codec.eos_ids, codec.pad_id)
+    pol = None  # LoRA on: the frozen base (lora_policy.LoraPolicy); the state holds adapters
     if lora_cfg is not None:
         adapters = lp.initial_adapters(cfg, model_cfg, lora_cfg)  # UsageError: rank, shapes
         pol = lp.make_policy(cfg, params, mesh)
         pol.start = params if sft_opt is not None else None  # the warm start's full params
-        del params
-        state = optim.init_train_state(adapters, optimizer)
-        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids, pol)
-        state = place(state, fns.state_shardings)
-        return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state,
-                   eval_problems, bucket, rewards, pol)
+        params = adapters
     state = optim.init_train_state(params, optimizer)
-    if model_kind(cfg) == "llada":
+    del params
+    if llada_run:
+        from ais_jax.training.llada.lora_steps import build_lora_step_fns
         from ais_jax.training.llada.steps import build_step_fns as build_llada_fns
 
-        fns = build_llada_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, codec.eos_ids,
-                              codec.pad_id)
+        fns = (build_llada_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids.eos_ids,
+                               ids.pad_id) if pol is None else
+               build_lora_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids.eos_ids,
+                                   ids.pad_id, pol))
     else:
-        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids)
+        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids, pol)
     state = place(state, fns.state_shardings)
     return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
-               bucket, rewards)
+               bucket, rewards, pol)

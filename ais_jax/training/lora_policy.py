@@ -9,12 +9,16 @@ The step programs (`ais_jax.training.steps.build_step_fns`) take it as their fir
 extra argument; `Bound` passes it, so the host loop calls them as before:
 
 * trainer forwards (score, GRPO loss): ``lora.with_adapters(base, adapters)``
-  (`view`; the gradient is taken with respect to the adapters only);
+  (`view`; the gradient is taken with respect to the adapters only); with ``lora.dropout > 0``
+  only the differentiated loss forward draws dropout masks (`dropout_key`), the score stays
+  deterministic;
 * the rollout copy: ``lora.merge(base, adapters)``, then the usual bfloat16 cast and FP8
   quantization (`ais_jax.training.steps.rollout_params`);
 * the KL reference (``train.beta_kl > 0``): the base itself (adapters off, no copy);
 * evaluation and the ``final/`` export: the merged params (`merged`), and the adapters in
   PEFT's format under ``final/adapter``.
+
+The same holds for LLaDA policies (`ais_jax.training.llada.lora_steps`).
 
 A scratch model's warm start stays a full fine-tune: `set_base` makes its result the base
 (adapters have ``B = 0``, so GRPO starts at the warm-started policy), and such a base is
@@ -125,8 +129,23 @@ def initial_adapters(cfg: Config, model_cfg: Any, lora_cfg: lora.LoraConfig) -> 
 
 
 def view(base: Any, lora_cfg: lora.LoraConfig) -> Any:
-    """``adapters -> with_adapters(base, adapters)``: the trainer's model params (unmerged)."""
-    return lambda adapters: lora.with_adapters(base, adapters, lora_cfg)
+    """``(adapters, dropout_key=None) -> with_adapters(base, adapters)``: the trainer's model
+    params (unmerged); a dropout key (only the update's loss forward passes one) turns on
+    ``lora.dropout`` on the LoRA branches' inputs."""
+    def fn(adapters: Any, dropout_key: jax.Array | None = None) -> Any:
+        return lora.with_adapters(base, adapters, lora_cfg, dropout_key=dropout_key)
+    return fn
+
+
+#: Folded into the update's key to give the LoRA dropout its own stream (``"LoRA"``).
+DROPOUT_STREAM = 0x4C6F5241
+
+
+def dropout_key(key: jax.Array, lora_cfg: lora.LoraConfig) -> jax.Array | None:
+    """The update's LoRA dropout key (its own stream of the update's ``key``), or None
+    without dropout.  `ais_jax.training.optim.apply_update` folds in the optimizer step and
+    the micro-batch, so every update draws fresh masks and the same seed the same ones."""
+    return None if lora_cfg.dropout == 0 else jax.random.fold_in(key, DROPOUT_STREAM)
 
 
 def merged(base: Any, adapters: Any, lora_cfg: lora.LoraConfig) -> Any:

@@ -86,23 +86,32 @@ def accumulated_grads(
     batch: Any,
     micro_batches: int,
     shards: int = 1,
+    key: jax.Array | None = None,
 ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
     """``((loss, metrics), grads)`` of ``batch`` summed over ``micro_batches`` micro-batches.
 
     ``loss_fn(params, micro_batch, totals)`` normalizes by the whole batch's
     `LossTotals` (from ``batch.mask``), so the sums equal one pass over the
-    whole batch; only one micro-batch's activations are alive at a time.
+    whole batch; only one micro-batch's activations are alive at a time.  With
+    ``key`` (LoRA dropout) micro-batch ``i`` gets ``key=fold_in(key, i)`` too.
     """
     totals = loss_totals(batch.mask)
-    grad_fn = jax.value_and_grad(lambda p, mb: loss_fn(p, mb, totals), has_aux=True)
 
-    def one(acc: Any, mb: Any) -> tuple[Any, None]:
-        out = grad_fn(params, mb)
+    def lf(p: Any, mb: Any, i: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        kw = {} if key is None else {"key": jax.random.fold_in(key, i)}
+        return loss_fn(p, mb, totals, **kw)
+
+    grad_fn = jax.value_and_grad(lf, has_aux=True)
+
+    def one(acc: Any, xs: tuple[Any, jax.Array]) -> tuple[Any, None]:
+        out = grad_fn(params, *xs)
         return jax.tree.map(jnp.add, acc, out), None
 
     zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-        grad_fn, params, jax.tree.map(lambda x: x[: x.shape[0] // micro_batches], batch)))
-    out, _ = jax.lax.scan(one, zero, split_rows(batch, micro_batches, shards))
+        grad_fn, params, jax.tree.map(lambda x: x[: x.shape[0] // micro_batches], batch),
+        jnp.int32(0)))
+    out, _ = jax.lax.scan(one, zero, (split_rows(batch, micro_batches, shards),
+                                      jnp.arange(micro_batches, dtype=jnp.int32)))
     return out
 
 
@@ -114,6 +123,7 @@ def apply_update(
     *,
     micro_batches: int = 1,
     shards: int = 1,
+    key: jax.Array | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One guarded optimizer step: ``loss_fn(params, batch[, totals]) -> (loss, metrics)``.
 
@@ -121,16 +131,23 @@ def apply_update(
     returned bit-identical and ``skipped`` is incremented.  With
     ``micro_batches > 1`` the gradient is accumulated over micro-batches
     (`accumulated_grads`; ``loss_fn`` then takes the batch's `LossTotals`).
+    With ``key`` (the LoRA dropout stream) ``loss_fn`` also gets ``key=``:
+    ``fold_in(key, state.step)``, then ``fold_in(., i)`` for micro-batch ``i``, so every
+    optimizer step and micro-batch draws fresh masks, deterministically.
 
     Returns:
       ``(new_state, metrics)``; metrics has ``loss``, ``grad_norm``, ``skipped``
       (1.0 if this step was skipped) and whatever ``loss_fn`` returned.
     """
+    if key is not None:
+        key = jax.random.fold_in(key, state.step)
     if micro_batches > 1:
         (loss, aux), grads = accumulated_grads(loss_fn, state.params, batch, micro_batches,
-                                               shards)
+                                               shards, key)
     else:
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        kw = {} if key is None else {"key": jax.random.fold_in(key, 0)}
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch,
+                                                                       **kw)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     # Non-finite gradients would poison the optimizer moments even if discarded

@@ -222,7 +222,8 @@ def _lora_step_fns(pol: Any, st_sh: TrainState, mesh: Mesh,
     """LoRA's programs: each takes the frozen base first (not donated, not differentiated)
     and is wrapped in `ais_jax.training.lora_policy.Bound`, so callers pass what they pass
     without LoRA.  The rollout copy is quantized from the merged weights; trainer forwards see
-    ``with_adapters(base, adapters)``; the KL reference is the base."""
+    ``with_adapters(base, adapters)`` (dropout masks only in the update's loss forward);
+    the KL reference is the base."""
     from ais_jax.training import lora_policy as lp
 
     rep, b2, base_sh, lcfg = shd.replicated(mesh), shd.batch_sharding(mesh, 2), \
@@ -237,7 +238,7 @@ def _lora_step_fns(pol: Any, st_sh: TrainState, mesh: Mesh,
         del ref_params  # the KL reference is the base
         ref = base if cfg.train.beta_kl > 0 else None
         return update(state, batch, rewards, key, ref, optimizer, model_cfg, cfg, mesh,
-                      logp_old, view=lp.view(base, lcfg))
+                      logp_old, view=lp.view(base, lcfg), dropout_key=lp.dropout_key(key, lcfg))
 
     def score_fn(base, adapters, batch):
         return score(adapters, batch, model_cfg, cfg, mesh, view=lp.view(base, lcfg))

@@ -53,12 +53,15 @@ def single_forward(cfg: Config) -> bool:
 
     True with ``train.epochs == 1``, ``train.minibatches == 1`` and no
     gradient accumulation over micro-batches (AIS needs the statistics of the
-    whole batch before the first gradient).
+    whole batch before the first gradient), and without LoRA dropout (the
+    differentiated forward then draws masks; ``logp_old`` comes from the
+    deterministic score).
     """
     t = cfg.train
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    return t.epochs == 1 and t.minibatches == 1 and (not t.micro_batch_size
-                                                     or t.micro_batch_size >= rows)
+    dropout = cfg.lora.rank > 0 and cfg.lora.dropout > 0
+    return t.epochs == 1 and t.minibatches == 1 and not dropout and (
+        not t.micro_batch_size or t.micro_batch_size >= rows)
 
 
 def remat_policy(cfg: Config) -> str:
@@ -160,10 +163,13 @@ def _minibatches(gb: grpo.GRPOBatch, key: jax.Array, M: int, shards: int,
 
 def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
                        optimizer: optax.GradientTransformation, model_cfg: ModelConfig,
-                       cfg: Config, mesh: Mesh | None,
-                       view: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
+                       cfg: Config, mesh: Mesh | None, view: Any = None,
+                       dropout_key: jax.Array | None = None,
+                       ) -> tuple[TrainState, dict[str, jax.Array]]:
     """``epochs x minibatches`` guarded updates over ``gb`` (rows reshuffled each epoch),
-    each accumulated over ``train.micro_batch_size``-row micro-batches when set."""
+    each accumulated over ``train.micro_batch_size``-row micro-batches when set; with
+    ``dropout_key`` the loss forward runs ``view(params, key)`` (LoRA dropout, a fresh key
+    per update and micro-batch, `ais_jax.training.optim.apply_update`)."""
     B = gb.tokens.shape[0]
     t = cfg.train
     M = t.minibatches
@@ -171,12 +177,14 @@ def _minibatch_updates(state: TrainState, gb: grpo.GRPOBatch, key: jax.Array,
     micro = (B // M) // t.micro_batch_size if t.micro_batch_size else 1
     loss_cfg, sc = loss_config(t), scoring(cfg, mesh, model_cfg.vocab_size, view)
 
-    def loss_fn(params: Any, mb: grpo.GRPOBatch,
-                totals: grpo.LossTotals | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        return policy.policy_loss(params, mb, model_cfg, loss_cfg, sc, totals)
+    def loss_fn(params: Any, mb: grpo.GRPOBatch, totals: grpo.LossTotals | None = None,
+                key: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        s = sc if key is None else sc._replace(view=lambda p: view(p, key))
+        return policy.policy_loss(params, mb, model_cfg, loss_cfg, s, totals)
 
     def one(st: TrainState, mb: grpo.GRPOBatch) -> tuple[TrainState, dict[str, jax.Array]]:
-        return optim.apply_update(st, mb, loss_fn, optimizer, micro_batches=micro, shards=shards)
+        return optim.apply_update(st, mb, loss_fn, optimizer, micro_batches=micro, shards=shards,
+                                  key=dropout_key)
 
     def epoch(st: TrainState, ekey: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
         return jax.lax.scan(one, st, _minibatches(gb, ekey, M, shards, mesh))
@@ -253,6 +261,7 @@ def update(
     *,
     one_pass: bool | None = None,
     view: Any = None,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Advantages -> logp_old -> AIS -> ``epochs x minibatches`` guarded GRPO updates.
 
@@ -276,6 +285,9 @@ def update(
       view: ``state.params -> model params`` (LoRA: the adapters onto the frozen base,
         `ais_jax.training.lora_policy.view`; gradients are taken w.r.t. ``state.params``
         only), or None (full fine-tuning).  ``ref_params`` are model params either way.
+      dropout_key: LoRA dropout (`ais_jax.training.lora_policy.dropout_key`): the loss
+        forward of each update runs ``view(params, key)`` with a fresh key; the score
+        (``logp_old``) and the KL reference stay deterministic.  None: no dropout.
 
     Returns:
       ``(new_state, metrics)`` (scalars).
@@ -287,10 +299,10 @@ def update(
     adv_seq = grpo.group_advantages(rewards).reshape(B)  # [B]
     adv_tok = jnp.broadcast_to(adv_seq[:, None], (B, N))  # [B, N]
     if one_pass is None:
-        one_pass = logp_old is None and single_forward(cfg)
-    elif one_pass and not single_forward(cfg):
-        raise ValueError("one_pass needs train.epochs = train.minibatches = 1 and no "
-                         "micro-batching")
+        one_pass = logp_old is None and single_forward(cfg) and dropout_key is None
+    elif one_pass and (not single_forward(cfg) or dropout_key is not None):
+        raise ValueError("one_pass needs train.epochs = train.minibatches = 1, no "
+                         "micro-batching and no LoRA dropout")
     logp_ref = None
     if ref_params is not None and cfg.train.beta_kl > 0:
         logp_ref = score(ref_params, batch, model_cfg, cfg, mesh, full=True)
@@ -305,7 +317,8 @@ def update(
             logp_old = score(state.params, batch, model_cfg, cfg, mesh, view=view)  # [B, N]
         gb, extra = _correct(logp_old, batch, adv_tok, cfg)
         gb = gb._replace(logp_ref=logp_ref)
-        state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg, mesh, view)
+        state, mets = _minibatch_updates(state, gb, key, optimizer, model_cfg, cfg, mesh, view,
+                                         dropout_key)
     metrics = {
         "loss": mets["loss"],
         "grad_norm": mets["grad_norm"],

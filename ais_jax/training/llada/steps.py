@@ -123,31 +123,38 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     return batch._replace(logp=_estimates(rp, lcfg, batch, keys, d.p_mask))
 
 
-def _trainer_estimates(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
-                       cfg: Config) -> jax.Array:
-    """Detached estimates ``[M, B, N]`` of params in the compute dtype (batch's prompt masks)."""
+def _model(params: Any, cfg: Config, view: Any = None, key: jax.Array | None = None) -> Any:
+    """The model params of the state's ``params`` (LoRA: ``view(params, key)``, the adapters
+    onto the frozen base, dropout masks with a ``key``) in the compute dtype."""
     from ais_jax.training.trainer import DTYPES
 
-    p = cast_params(params, DTYPES[cfg.model.compute_dtype])
+    if view is not None:
+        params = view(params) if key is None else view(params, key)
+    return cast_params(params, DTYPES[cfg.model.compute_dtype])
+
+
+def _trainer_estimates(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
+                       cfg: Config, view: Any = None) -> jax.Array:
+    """Detached estimates ``[M, B, N]`` of params in the compute dtype (batch's prompt masks)."""
+    p = _model(params, cfg, view)
     return jax.lax.stop_gradient(_estimates(p, lcfg, batch, batch.mask_keys, cfg.diffusion.p_mask))
 
 
-def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
-          cfg: Config) -> jax.Array | tuple[jax.Array, jax.Array]:
+def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
+          view: Any = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Detached trainer log-probs of the batch (``logp_old``).
 
     ``diffusion.ratio: estimator``: the estimates ``[M, B, N]`` under the batch's prompt
     masks.  ``trajectory``: the pair ``(estimates [M, B, N], trajectory [B, N])``, the
     second the replay of the sampler's reveal order under the params in the compute
     dtype (`ais_jax.training.llada.trajectory.trajectory_logprobs`, ``diffusion.steps``
-    forwards); only this mode runs the replay.
+    forwards); only this mode runs the replay.  ``view``: ``params -> model params``
+    (LoRA, `ais_jax.training.lora_policy.view`; never with dropout), or None.
     """
-    est = _trainer_estimates(params, batch, lcfg, cfg)
+    est = _trainer_estimates(params, batch, lcfg, cfg, view)
     if cfg.diffusion.ratio != "trajectory":
         return est
-    from ais_jax.training.trainer import DTYPES
-
-    p = cast_params(params, DTYPES[cfg.model.compute_dtype])
+    p = _model(params, cfg, view)
     traj = trajectory_logprobs(p, lcfg, batch.prompt_tokens, batch.tokens, batch.reveal_step,
                                steps=cfg.diffusion.steps, temperature=cfg.rollout.temperature,
                                prompt_mask=batch.prompt_mask)
@@ -189,8 +196,8 @@ def _iteration_metrics(res: Any, valid: jax.Array, logp_roll: jax.Array) -> dict
 
 def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: jax.Array,
            ref_params: Any, logp_old: jax.Array | None, optimizer: optax.GradientTransformation,
-           lcfg: LLaDAConfig, cfg: Config,
-           mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+           lcfg: LLaDAConfig, cfg: Config, mesh: Mesh | None = None, *, view: Any = None,
+           dropout_key: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """Advantages -> per inner iteration: correction, one guarded clipped-GRPO step.
 
     The step's gradient runs the estimator at scale (`scale_knobs`: remat per
@@ -216,22 +223,26 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
       lcfg: model config.
       cfg: the run config (rollout, ais, train, diffusion).
       mesh: the trainer's mesh (activation constraints, row shards), or None.
+      view: ``state.params -> model params`` (LoRA: the adapters onto the frozen base;
+        ``ref_params`` are model params), or None (full fine-tuning).
+      dropout_key: LoRA dropout: each optimizer step's loss forward runs ``view(params,
+        key)`` with a fresh key (`ais_jax.training.optim.apply_update`); the score and the
+        KL reference stay deterministic.  None: no dropout.
 
     Returns:
       ``(new_state, metrics)``: the AR family's metric names (means over the
       inner iterations; ``skipped`` summed), correction statistics included.
     """
-    from ais_jax.training.trainer import DTYPES, loss_config
+    from ais_jax.training.trainer import loss_config
 
     del key
     B, N = batch.tokens.shape
     a, d = cfg.ais, cfg.diffusion
-    cdt = DTYPES[cfg.model.compute_dtype]
     adv_seq = grpo.group_advantages(rewards).reshape(B)
     adv_tok = jnp.broadcast_to(adv_seq[:, None], (B, N))
     valid = batch.mask > 0
     if logp_old is None:
-        logp_old = score(state.params, batch, lcfg, cfg)
+        logp_old = score(state.params, batch, lcfg, cfg, view)
     if isinstance(logp_old, tuple) != (d.ratio == "trajectory"):
         raise ValueError(f"logp_old must be score's output for diffusion.ratio={d.ratio} "
                          "(the pair (estimates, trajectory) exactly when it is trajectory)")
@@ -261,15 +272,15 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
         gb = grpo.GRPOBatch(masked, batch.prompt_mask, batch.tokens, keep, lo, res.advantages,
                             lref if use_ref else None)
 
-        def loss_fn(params: Any, b: grpo.GRPOBatch,
-                    totals: grpo.LossTotals | None = None) -> tuple[jax.Array, dict]:
-            new = logprobs_given_input(cast_params(params, cdt), lcfg, b.prompt_tokens, b.tokens,
-                                       b.prompt_mask, **scale)
+        def loss_fn(params: Any, b: grpo.GRPOBatch, totals: grpo.LossTotals | None = None,
+                    key: jax.Array | None = None) -> tuple[jax.Array, dict]:
+            new = logprobs_given_input(_model(params, cfg, view, key), lcfg, b.prompt_tokens,
+                                       b.tokens, b.prompt_mask, **scale)
             return grpo.grpo_loss(new, b.logp_old, b.advantages, b.mask, b.logp_ref, loss_cfg,
                                   totals)
 
         st, mets = optim.apply_update(st, gb, loss_fn, optimizer, micro_batches=micro,
-                                      shards=shards)
+                                      shards=shards, key=dropout_key)
         return st, {**mets, **_iteration_metrics(res, valid, c_roll), **_ratio_metrics(res, est)}
 
     state, mets = jax.lax.scan(inner, state, (logp_old, batch.logp, logp_ref, batch.mask_keys))
@@ -285,25 +296,34 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
     }
 
 
-def build_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.GradientTransformation,
-                   sft_optimizer: optax.GradientTransformation | None, lcfg: LLaDAConfig,
-                   cfg: Config, eos_ids: tuple[int, ...], pad_id: int | None) -> Any:
-    """Jitted rollout / score / update / SFT programs of a LLaDA policy
-    (`ais_jax.training.steps.StepFns`).
-
-    The SFT program is ``(params, opt_state, tokens, loss_mask, key)``
-    (`ais_jax.training.llada.sft.sft_loss`); the others have the AR family's signatures,
-    with a `DiffusionBatch` in place of the `ais_jax.training.steps.RolloutBatch`.
-    """
-    from ais_jax.training.steps import StepFns, state_shardings
-
-    st_sh = state_shardings(state, mesh)
+def shardings(mesh: Mesh, cfg: Config) -> tuple[Any, Any, NamedSharding, NamedSharding]:
+    """``(DiffusionBatch shardings, logp_old's, rows [B, ...], replicated)`` over ``mesh``."""
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)
     b_it = NamedSharding(mesh, PartitionSpec(None, shd.BATCH_AXES, None))  # [M, B, N]
     batch_sh = DiffusionBatch(b2, b2, b2, b2, b_it, rep, b2, b2)
     # score's logp_old: [M, B, N], or (estimates, trajectory [B, N]) with diffusion.ratio=trajectory
     old_sh = (b_it, b2) if cfg.diffusion.ratio == "trajectory" else b_it
+    return batch_sh, old_sh, b2, rep
+
+
+def build_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.GradientTransformation,
+                   sft_optimizer: optax.GradientTransformation | None, lcfg: LLaDAConfig,
+                   cfg: Config, eos_ids: tuple[int, ...], pad_id: int | None,
+                   lora_cfg: Any = None) -> Any:
+    """Jitted rollout / score / update / SFT programs of a LLaDA policy
+    (`ais_jax.training.steps.StepFns`).
+
+    The SFT program is ``(params, opt_state, tokens, loss_mask, key)``
+    (`ais_jax.training.llada.sft.sft_loss`); the others have the AR family's signatures,
+    with a `DiffusionBatch` in place of the `ais_jax.training.steps.RolloutBatch`.
+    ``lora_cfg``: the state's params are adapters (shardings only; LoRA's programs are
+    `ais_jax.training.llada.lora_steps.build_lora_step_fns`).
+    """
+    from ais_jax.training.steps import StepFns, state_shardings
+
+    st_sh = state_shardings(state, mesh, lora_cfg)
+    batch_sh, old_sh, b2, rep = shardings(mesh, cfg)
 
     rollout_jit = jax.jit(
         lambda params, pt, pm, key: rollout(params, pt, pm, key, lcfg, cfg, eos_ids),
