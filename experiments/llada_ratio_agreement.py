@@ -1,7 +1,7 @@
 """How well d1's estimator ratio agrees with the denoising trajectory's own ratio (LLaDA).
 
     python experiments/llada_ratio_agreement.py [--model DIR | --sft-steps N] [--stress]
-        [--seed 0] [--prompts 16] [--time-score] [--json OUT] [key=value ...]
+        [--seed 0] [--prompts 16] [--time-score] [--time-update] [--json OUT] [key=value ...]
 
 On the LLaDA default's warm-started policy (``configs/tiny_llada_countdown.yaml``;
 ``--model DIR``: an exported warm start, e.g. ``experiments/llada_arms.py warm``'s,
@@ -21,7 +21,9 @@ token ESS (`ais_jax.method.ais.ais_coefficient`, truncated at ``ais.C``) of each
 ``--stress`` repeats it with the block linears x3 before quantizing (the issue's stress
 setting; trainer and FP8 copy both from the scaled weights).  ``--time-score``: the
 median wall time of the jitted score program (`ais_jax.training.llada.steps.score`) on
-that batch under each ``diffusion.ratio`` (the trajectory replay's cost).
+that batch under each ``diffusion.ratio`` (the trajectory replay's cost).  ``--time-update``:
+the same for the update program under each ``diffusion.surrogate`` (with the trajectory
+ratio; the replay under gradient's cost).
 """
 
 from __future__ import annotations
@@ -114,6 +116,41 @@ def score_times(run: Any, params: Any, pt: Any, pm: Any, key: Any,
     return out
 
 
+def update_times(run: Any, params: Any, pt: Any, pm: Any, key: Any,
+                 repeats: int = 5) -> dict[str, float]:
+    """Median wall seconds of the jitted update program per ``diffusion.surrogate`` (the
+    trajectory ratio in both; compiled first; no KL reference; rewards 0/1 alternating)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.training.llada import steps as ls
+    from ais_jax.training.optim import init_train_state
+
+    cfg, lcfg = run.cfg, run.model_cfg
+    batch = jax.jit(lambda p, a, b, k: ls.rollout(p, a, b, k, lcfg, cfg, run.codec.eos_ids))(
+        params, pt, pm, key)
+    G = cfg.rollout.group_size
+    rewards = (jnp.arange(batch.tokens.shape[0]) % 2).astype(jnp.float32).reshape(-1, G)
+    logp_old = jax.jit(lambda p, b: ls.score(p, b, lcfg, cfg))(params, batch)
+    state = init_train_state(params, run.optimizer)
+    out = {}
+    for sur in ("estimator", "trajectory"):
+        c = dataclasses.replace(cfg, diffusion=dataclasses.replace(cfg.diffusion, surrogate=sur))
+        fn = jax.jit(lambda s, b, r, lo, c=c: ls.update(s, b, r, key, None, lo, run.optimizer,
+                                                        lcfg, c))
+        jax.block_until_ready(fn(state, batch, rewards, logp_old))  # compile
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(fn(state, batch, rewards, logp_old))
+            times.append(time.perf_counter() - t)
+        out[sur] = float(np.median(times))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=os.path.join(ROOT, CONFIG))
@@ -124,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stress", action="store_true", help="also at block linears x3")
     ap.add_argument("--time-score", action="store_true",
                     help="also time the score program under both ratios")
+    ap.add_argument("--time-update", action="store_true",
+                    help="also time the update program under both surrogates")
     ap.add_argument("--json", default="", help="also write the result here")
     ap.add_argument("overrides", nargs="*", help="config key=value overrides")
     args = ap.parse_args(argv)
@@ -166,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out["weights_x3"] = agreement(run, {**params, "layers": layers}, pt, pm, key)
     if args.time_score:
         out["score_s"] = score_times(run, params, pt, pm, key)
+    if args.time_update:
+        out["update_s"] = update_times(run, params, pt, pm, key)
     out["warm_start_s"] = round(t_warm, 1)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     text = json.dumps(out, indent=1)

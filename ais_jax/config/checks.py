@@ -230,6 +230,9 @@ def check_diffusion(cfg: Config) -> None:
     _require(d.steps <= n, f"diffusion.steps={d.steps} must be <= rollout.max_new_tokens={n} "
              "(each step reveals at least one token)")
     _require(0.0 <= d.p_mask <= 1.0, f"diffusion.p_mask must be in [0, 1], got {d.p_mask}")
+    _require(d.surrogate != "trajectory" or d.ratio == "trajectory",
+             "diffusion.surrogate=trajectory needs the trainer's replay of the reveal order; "
+             "set diffusion.ratio=trajectory")
     _require(tr.epochs == 1 and tr.minibatches == 1,
              "a LLaDA policy takes diffusion.inner_iterations gradient steps per batch; set "
              "train.epochs=1 train.minibatches=1")

@@ -207,6 +207,9 @@ class DiffusionSection:
     p_mask: float = 0.15  # prompt-token masking probability of the diffu-GRPO log-prob estimate
     inner_iterations: int = 1  # diffu-GRPO gradient steps per batch, each with fresh masks
     ratio: str = "estimator"  # correction ratio: estimator (d1) | trajectory (reveal order)
+    # policy-gradient surrogate: estimator (d1) | trajectory (the replayed reveal order under
+    # gradient, diffusion.steps forwards per pass; needs ratio=trajectory)
+    surrogate: str = "estimator"
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.kind": ("auto", "ar", "llada"),
     "diffusion.remasking": ("low_confidence", "random"),
     "diffusion.ratio": ("estimator", "trajectory"),
+    "diffusion.surrogate": ("estimator", "trajectory"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "train.remat": ("auto", "none", "full", "dots"),

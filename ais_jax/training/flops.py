@@ -191,8 +191,9 @@ def grpo_step_flops(cfg: Config, model_cfg: Any, prompt_len: int, decode_len: in
     bidirectional over ``P + N`` positions (head on ``N``), ``M =
     diffusion.inner_iterations`` gradient passes (and ``M`` reference forwards), ``M``
     logp_old forwards (plus ``diffusion.steps`` replay forwards with ``diffusion.ratio:
-    trajectory``); the rollout is ``diffusion.steps`` denoising forwards and ``M``
-    FP8 estimates.
+    trajectory``; ``diffusion.surrogate: trajectory`` makes each gradient pass and the
+    reference ``diffusion.steps`` forwards, the reference once); the rollout is
+    ``diffusion.steps`` denoising forwards and ``M`` FP8 estimates.
 
     Args:
       cfg: the run config.
@@ -212,8 +213,11 @@ def grpo_step_flops(cfg: Config, model_cfg: Any, prompt_len: int, decode_len: in
     if isinstance(model_cfg, LLaDAConfig):
         M, T = cfg.diffusion.inner_iterations, prompt_len + N
         fwd = forward_flops(model_cfg, B, T, head_positions=N, causal=False)
+        # diffusion.surrogate=trajectory: each pass replays the steps, the reference once
+        traj = cfg.diffusion.surrogate == "trajectory"
+        per_pass = cfg.diffusion.steps if traj else 1
         return StepFlops(
-            update=fwd * (3 * M + M * int(kl)),
+            update=fwd * per_pass * (3 * M + (1 if traj else M) * int(kl)),
             # diffusion.ratio=trajectory: the score also replays diffusion.steps forwards
             score=fwd * (M + cfg.diffusion.steps * int(cfg.diffusion.ratio == "trajectory"))
             * int(score_separately),

@@ -22,7 +22,9 @@ params of the batch's rollout (before any update), as d1 does.
 record of each revealed token's log-prob at its reveal step (``batch.traj_logp``)
 against the trainer's replay of the same reveal order (`score`,
 `ais_jax.training.llada.trajectory`), for every inner iteration; the surrogate keeps
-the estimator's ``logp_old[i]`` (docs/llada.md "Two ratios").
+the estimator's ``logp_old[i]`` (docs/llada.md "Two ratios") unless ``diffusion.surrogate:
+trajectory``, which differentiates the replay itself (docs/llada.md "The trajectory
+surrogate").
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from ais_jax.training.llada.estimator import (
     mask_prompt,
 )
 from ais_jax.training.llada.sft import sft_loss
-from ais_jax.training.llada.trajectory import trajectory_logprobs
+from ais_jax.training.llada.trajectory import ReplayBatch, trajectory_logprobs
 from ais_jax.training.optim import TrainState
 from ais_jax.training.policy import cast_params
 
@@ -215,10 +217,13 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
       ref_params: KL reference params, or None (no KL term).
       logp_old: `score`'s output (``[M, B, N]``; with ``diffusion.ratio: trajectory``
         the pair ``(estimates, trajectory [B, N])``), or None (scored here).  The
-        surrogate (`ais_jax.method.grpo.grpo_loss`) always takes the estimates: the
+        surrogate (`ais_jax.method.grpo.grpo_loss`) takes the estimates by default: the
         correction weights estimate the sampling mismatch (the trajectory pair when
         ``trajectory``: trainer replay over ``batch.traj_logp``, the same at every
-        inner iteration), the surrogate estimates the gradient.
+        inner iteration), the surrogate estimates the gradient.  With
+        ``diffusion.surrogate: trajectory`` the surrogate is the replay itself under
+        gradient (``diffusion.steps`` forwards a pass; one step at a time under remat)
+        against the score's replay, on the unmasked prompt; a KL term compares replays.
       optimizer: optax transformation.
       lcfg: model config.
       cfg: the run config (rollout, ais, train, diffusion).
@@ -248,10 +253,20 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
                          "(the pair (estimates, trajectory) exactly when it is trajectory)")
     logp_old, traj_old = logp_old if isinstance(logp_old, tuple) else (logp_old, None)
     use_ref = ref_params is not None and cfg.train.beta_kl > 0
-    logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg) if use_ref
+    traj_sur = d.surrogate == "trajectory"  # the config requires ratio=trajectory with it
+    logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg) if use_ref and not traj_sur
                 else jnp.zeros_like(logp_old))
     loss_cfg = loss_config(cfg.train)
     scale = scale_knobs(cfg, lcfg, mesh)
+    remat = scale["remat"] != "none"
+
+    def replay(model: Any, b: Any) -> jax.Array:  # [rows, N], the trajectory surrogate's
+        return trajectory_logprobs(model, lcfg, b.prompt_tokens, b.tokens, b.reveal_step,
+                                   steps=d.steps, temperature=cfg.rollout.temperature,
+                                   prompt_mask=b.prompt_mask, chunk=int(remat), remat=remat)
+
+    traj_ref = (jax.lax.stop_gradient(replay(_model(ref_params, cfg), batch))
+                if use_ref and traj_sur else None)
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
     micro = B // cfg.train.micro_batch_size if cfg.train.micro_batch_size else 1
 
@@ -266,16 +281,20 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
                                  beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
                                  use_mis=a.use_mis, use_var=a.use_var)
         keep = res.keep.astype(jnp.float32)
-        # The iteration's prompt mask over the whole batch (the score's), before any row split.
-        masked, _ = mask_prompt(jax.random.wrap_key_data(k), batch.prompt_tokens, lcfg,
-                                d.p_mask, batch.prompt_mask)
-        gb = grpo.GRPOBatch(masked, batch.prompt_mask, batch.tokens, keep, lo, res.advantages,
-                            lref if use_ref else None)
+        if traj_sur:  # the replayed reveal order under gradient, against the score's replay
+            gb = ReplayBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, keep,
+                             traj_old, res.advantages, traj_ref, batch.reveal_step)
+        else:  # the iteration's prompt mask over the whole batch (the score's), before a split
+            masked, _ = mask_prompt(jax.random.wrap_key_data(k), batch.prompt_tokens, lcfg,
+                                    d.p_mask, batch.prompt_mask)
+            gb = grpo.GRPOBatch(masked, batch.prompt_mask, batch.tokens, keep, lo,
+                                res.advantages, lref if use_ref else None)
 
-        def loss_fn(params: Any, b: grpo.GRPOBatch, totals: grpo.LossTotals | None = None,
+        def loss_fn(params: Any, b: Any, totals: grpo.LossTotals | None = None,
                     key: jax.Array | None = None) -> tuple[jax.Array, dict]:
-            new = logprobs_given_input(_model(params, cfg, view, key), lcfg, b.prompt_tokens,
-                                       b.tokens, b.prompt_mask, **scale)
+            model = _model(params, cfg, view, key)
+            new = (replay(model, b) if traj_sur else logprobs_given_input(
+                model, lcfg, b.prompt_tokens, b.tokens, b.prompt_mask, **scale))
             return grpo.grpo_loss(new, b.logp_old, b.advantages, b.mask, b.logp_ref, loss_cfg,
                                   totals)
 

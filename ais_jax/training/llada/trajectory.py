@@ -24,12 +24,38 @@ per-tensor activation scales are the sampler's), batched over the steps with
 from __future__ import annotations
 
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from ais_jax.method.distributions import check_temperature, scale_logits
 from ais_jax.models.llada.model import LLaDAConfig, forward
+
+
+class ReplayBatch(NamedTuple):
+    """The GRPO batch of the trajectory surrogate (``diffusion.surrogate: trajectory``):
+    `ais_jax.method.grpo.GRPOBatch`'s fields with the unmasked prompt, plus the reveal order.
+
+    Attributes:
+      prompt_tokens: ``[B, P]`` left-padded prompts (never masked: the replay's canvases).
+      prompt_mask: ``[B, P]`` validity of the prompt tokens.
+      tokens: ``[B, N]`` responses.
+      mask: ``[B, N]`` float32 tokens kept by the correction.
+      logp_old: ``[B, N]`` the trainer's replay before the update (`trajectory_logprobs`).
+      advantages: ``[B, N]`` corrected advantages.
+      logp_ref: ``[B, N]`` the KL reference's replay, or None.
+      reveal_step: ``[B, N]`` int32 step that revealed each token.
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    tokens: jax.Array
+    mask: jax.Array
+    logp_old: jax.Array
+    advantages: jax.Array
+    logp_ref: jax.Array | None
+    reveal_step: jax.Array
 
 
 def step_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array, attn: jax.Array,
@@ -76,6 +102,7 @@ def trajectory_logprobs(
     temperature: float,
     prompt_mask: jax.Array | None = None,
     chunk: int = 0,
+    remat: bool = False,
 ) -> jax.Array:
     """Log-prob of each response token at its reveal step, replaying the sampler's order.
 
@@ -101,6 +128,9 @@ def trajectory_logprobs(
         (less memory: ``chunk`` canvases of logits at a time); 0 = all steps in
         one batched forward.  ``steps`` is padded up to a multiple of ``chunk``
         (the padding steps reveal nothing and add 0).
+      remat: recompute each step's forward in the backward pass (`jax.checkpoint`) instead of
+        keeping its activations: for a replay under gradient (``diffusion.surrogate:
+        trajectory``), with ``chunk=1`` one step's activations are alive at a time.
 
     Returns:
       ``[R, N]`` float32 log-probs (the sampler's `DiffusionSample.logprobs` for
@@ -129,18 +159,21 @@ def trajectory_logprobs(
     pm = (jnp.ones((R, P), jnp.bool_) if prompt_mask is None
           else jnp.asarray(prompt_mask, jnp.bool_))
     return _replay(params, prompt, pm, sample_tokens, reveal_step, cfg=cfg, steps=steps,
-                   temperature=float(temperature), chunk=chunk)
+                   temperature=float(temperature), chunk=chunk, remat=bool(remat))
 
 
-@partial(jax.jit, static_argnames=("cfg", "steps", "temperature", "chunk"))
+@partial(jax.jit, static_argnames=("cfg", "steps", "temperature", "chunk", "remat"))
 def _replay(params, prompt, prompt_mask, tokens, reveal_step, *, cfg, steps, temperature,
-            chunk) -> jax.Array:
+            chunk, remat) -> jax.Array:
     R, N = tokens.shape
     attn = jnp.concatenate([prompt_mask, jnp.ones((R, N), jnp.bool_)], axis=1)  # [R, P + N]
 
     def at(i: jax.Array) -> jax.Array:  # [R, N]
         return step_logprobs(params, cfg, prompt, attn, tokens, reveal_step, i,
                              temperature=temperature)
+
+    if remat:
+        at = jax.checkpoint(at)
 
     def over(ids: jax.Array) -> jax.Array:  # ids [S] -> [R, N]; one term per token is nonzero
         return jnp.sum(jax.vmap(at)(ids), axis=0)
