@@ -120,6 +120,24 @@ def run_one(name: str, overrides: Sequence[str], scratch: str, config: str = CON
     print(f"{name}: {wall:.0f} s", flush=True)
 
 
+def past(until: str) -> bool:
+    """Whether the local time is past ``until`` (an ISO date-time such as ``2026-12-02T07:30``;
+    empty: never): the drivers start no new run after it, so a session's end never kills one."""
+    import datetime
+
+    if not until:
+        return False
+    try:
+        limit = datetime.datetime.fromisoformat(until)
+    except ValueError:
+        raise SystemExit(f"--until {until!r} is not an ISO date-time; write e.g. "
+                         "2026-12-02T07:30") from None
+    if datetime.datetime.now() > limit:
+        print(f"past --until {until}: no new run started", flush=True)
+        return True
+    return False
+
+
 def cmd_run(only: Sequence[str], dry_run: bool, scratch: str) -> None:
     todo = {n: ov for n, ov in runs().items()
             if (not only or any(n.startswith(o) for o in only))

@@ -113,9 +113,10 @@ def ratio_planned(seeds: Sequence[int] = RATIO_SEEDS) -> dict[str, tuple[str, ..
             for seed in seeds for arm, ov in RATIO_ARMS.items()}
 
 
-def cmd_ratio(base: str, scratch: str, dry_run: bool) -> None:
-    """Warm-start the study's seeds (once each), then train every planned run without a log."""
-    run_one = _compare().run_one
+def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "") -> None:
+    """Warm-start the study's seeds (once each), then train every planned run without a log;
+    ``until``: start no warm start or run past this ISO date-time (`compare.past`)."""
+    c = _compare()
     for name, ov in ratio_planned().items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
@@ -124,8 +125,12 @@ def cmd_ratio(base: str, scratch: str, dry_run: bool) -> None:
         if dry_run:
             print(name, " ".join(full))
             continue
+        if c.past(until):
+            return
         cmd_warm([seed], base)
-        run_one(name, full, scratch, CONFIG)
+        if c.past(until):
+            return
+        c.run_one(name, full, scratch, CONFIG)
 
 
 def render() -> str:
@@ -214,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="relative to the repository root")
     ap.add_argument("--scratch", default=os.path.join(ROOT, "runs", "llada_arms"))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--until", default="", help="ratio: start nothing after this ISO "
+                    "date-time (e.g. 2026-12-02T07:30), so no run is cut off")
     a = ap.parse_args(argv)
     os.chdir(ROOT)
     if a.command == "report":
@@ -221,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif a.command == "warm":
         cmd_warm(a.seeds, a.warm_dir)
     elif a.command == "ratio":
-        cmd_ratio(a.warm_dir, a.scratch, a.dry_run)
+        cmd_ratio(a.warm_dir, a.scratch, a.dry_run, a.until)
     else:
         cmd_run(a.seeds, a.arms, a.warm_dir, a.scratch, a.dry_run)
     return 0

@@ -83,13 +83,18 @@ def _compare():
     return compare
 
 
-def cmd_run(seeds: Sequence[int], arms: Sequence[str], scratch: str, dry_run: bool) -> None:
+def cmd_run(seeds: Sequence[int], arms: Sequence[str], scratch: str, dry_run: bool,
+            until: str = "") -> None:
+    """Train every planned run without a log, in order; ``until``: start none past this ISO
+    date-time (`compare.past`)."""
     c = _compare()
     for name, ov in planned(seeds, arms).items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
         if dry_run:
             print(name, " ".join(ov))
+        elif c.past(until):
+            return
         else:
             c.run_one(name, ov, scratch, CONFIG)
 
@@ -155,12 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(PRIMARY_ARMS))
     ap.add_argument("--scratch", default=os.path.join(ROOT, "runs", "smollm2_mechanism"))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--until", default="", help="run: start nothing after this ISO date-time")
     a = ap.parse_args(argv)
     os.chdir(ROOT)
     if a.command == "data":
         cmd_data()
     elif a.command == "run":
-        cmd_run(a.seeds, a.arms, a.scratch, a.dry_run)
+        cmd_run(a.seeds, a.arms, a.scratch, a.dry_run, a.until)
     else:
         print("\n".join(render()))
     return 0

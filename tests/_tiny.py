@@ -10,3 +10,26 @@ TINY_RUN = [
     "rollout.max_new_tokens=4", "sft.steps=0", "task.eval_size=8", "eval.every=0",
     "eval.num_samples=1", "log.tensorboard=false", "log.progress=false",
 ]
+
+
+def params_digest(tree) -> str:
+    """sha256 of a pytree's leaves' bytes (bit-identical params give the same digest)."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(tree):
+        h.update(np.asarray(jax.device_get(x)).tobytes())
+    return h.hexdigest()
+
+
+def first_prompts(r):
+    """The first RL step's padded prompts and mask of a built run, placed on its batch sharding."""
+    from ais_jax.training.placement import to_global
+
+    codec, sh = r.codec, r.fns.batch_sharding
+    problems = r.train_problems(0, 0, r.cfg.rollout.prompts_per_step)
+    pt, pm = codec.pad([codec.encode_prompt(p) for p in problems], r.prompt_bucket)
+    return to_global(pt, sh), to_global(pm, sh)

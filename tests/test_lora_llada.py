@@ -6,14 +6,13 @@ as an uninterrupted run."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import TINY_RUN
+from _tiny import TINY_RUN, first_prompts, params_digest
 
 from ais_jax.config.load import load_config
 from ais_jax.models import lora
@@ -31,20 +30,6 @@ LLADA_RUN = [*TINY_RUN, "model.kind=llada", "rollout.max_new_tokens=8",
              "rollout.group_size=2"]
 
 
-def _digest(tree) -> str:
-    h = hashlib.sha256()
-    for x in jax.tree.leaves(tree):
-        h.update(np.asarray(jax.device_get(x)).tobytes())
-    return h.hexdigest()
-
-
-def _first_prompts(r):
-    codec, sh = r.codec, r.fns.batch_sharding
-    problems = r.train_problems(0, 0, r.cfg.rollout.prompts_per_step)
-    pt, pm = codec.pad([codec.encode_prompt(p) for p in problems], r.prompt_bucket)
-    return to_global(pt, sh), to_global(pm, sh)
-
-
 @pytest.mark.slow  # compiles two LLaDA rollouts, two scores and the LoRA update: ~30-60 s
 def test_llada_lora_starts_as_the_base_and_trains_only_the_adapters(tmp_path):
     over = [*LLADA_RUN, f"out_dir={tmp_path}", "diffusion.ratio=trajectory"]
@@ -59,7 +44,7 @@ def test_llada_lora_starts_as_the_base_and_trains_only_the_adapters(tmp_path):
                      r.model_cfg)), np.asarray(f(r.lora.base, tokens, r.model_cfg)))
     # ... so the rollout (merged, FP8), its estimates and the trainer's scores (estimates and
     # trajectory replay) equal full fine-tuning's
-    pt, pm = _first_prompts(r)
+    pt, pm = first_prompts(r)
     key = jax.random.key(3)
     b_full = full.fns.rollout(full.state.params, pt, pm, key)
     b_lora = r.fns.rollout(r.state.params, pt, pm, key)
@@ -69,14 +54,14 @@ def test_llada_lora_starts_as_the_base_and_trains_only_the_adapters(tmp_path):
     for a, b in zip(s_full, s_lora, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # updates move the adapters only; the base stays bit-identical
-    base0, adapters0 = _digest(r.lora.base), jax.tree.map(np.asarray, r.state.params)
+    base0, adapters0 = params_digest(r.lora.base), jax.tree.map(np.asarray, r.state.params)
     rng, state, sh = np.random.default_rng(0), r.state, r.fns.batch_sharding
     for step in range(2):
         rewards = to_global(rng.normal(size=(8, 2)).astype(np.float32), sh)
         lo = r.fns.score(state.params, b_lora)
         state, met = r.fns.update(state, b_lora, rewards, jax.random.key(step), None, lo)
         assert np.isfinite(float(met["loss"])) and float(met["skipped"]) == 0
-    assert _digest(r.lora.base) == base0
+    assert params_digest(r.lora.base) == base0
     assert jax.tree.leaves(r.lora.base)[0].dtype == jnp.bfloat16  # compute dtype
     assert not np.array_equal(np.asarray(state.params["layers"]["wq"]["b"]),
                               adapters0["layers"]["wq"]["b"])  # B left 0

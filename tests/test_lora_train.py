@@ -3,7 +3,6 @@ PEFT + merged export, resume of a warm-started base, and one-line refusals of ba
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -11,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import TINY_RUN
+from _tiny import TINY_RUN, first_prompts, params_digest
 
 from ais_jax.config.load import load_config
 from ais_jax.models import lora
@@ -26,20 +25,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 LORA = ["lora.rank=4", "lora.alpha=8"]
 
 
-def _digest(tree) -> str:
-    h = hashlib.sha256()
-    for x in jax.tree.leaves(tree):
-        h.update(np.asarray(jax.device_get(x)).tobytes())
-    return h.hexdigest()
-
-
-def _first_prompts(r):
-    codec, sh = r.codec, r.fns.batch_sharding
-    problems = r.train_problems(0, 0, r.cfg.rollout.prompts_per_step)
-    pt, pm = codec.pad([codec.encode_prompt(p) for p in problems], r.prompt_bucket)
-    return to_global(pt, sh), to_global(pm, sh)
-
-
 @pytest.mark.slow  # compiles two rollouts, two scores and the LoRA update: ~30-65 s on 2 cores
 def test_lora_grpo_frozen_base_and_step0_identity(tmp_path):
     over = [*TINY_RUN, "rollout.group_size=2", f"out_dir={tmp_path}"]
@@ -47,7 +32,7 @@ def test_lora_grpo_frozen_base_and_step0_identity(tmp_path):
     r = build_run(load_config(None, [*over, *LORA]))
     assert r.lora is not None and full.lora is None
     # (c) B = 0: the rollout (merged, FP8) and the trainer's scores equal full fine-tuning's
-    pt, pm = _first_prompts(r)
+    pt, pm = first_prompts(r)
     key = jax.random.key(3)
     b_full = full.fns.rollout(full.state.params, pt, pm, key)
     b_lora = r.fns.rollout(r.state.params, pt, pm, key)
@@ -57,13 +42,13 @@ def test_lora_grpo_frozen_base_and_step0_identity(tmp_path):
                                   np.asarray(r.fns.score(r.state.params, b_lora)))
     # (a) N updates move the adapters only; the base stays bit-identical (random rewards:
     # the untrained tiny model earns none, and equal rewards have no advantage)
-    base0, adapters0 = _digest(r.lora.base), jax.tree.map(np.asarray, r.state.params)
+    base0, adapters0 = params_digest(r.lora.base), jax.tree.map(np.asarray, r.state.params)
     rng, state, sh = np.random.default_rng(0), r.state, r.fns.batch_sharding
     for step in range(2):
         rewards = to_global(rng.normal(size=(8, 2)).astype(np.float32), sh)
         state, met = r.fns.update(state, b_lora, rewards, jax.random.key(step), None, None)
         assert np.isfinite(float(met["loss"])) and float(met["skipped"]) == 0
-    assert _digest(r.lora.base) == base0
+    assert params_digest(r.lora.base) == base0
     assert jax.tree.leaves(r.lora.base)[0].dtype == jnp.bfloat16  # compute dtype
     b_after = np.asarray(state.params["layers"]["wq"]["b"])
     assert not np.array_equal(b_after, adapters0["layers"]["wq"]["b"])  # B left 0
@@ -274,7 +259,7 @@ def test_lora_dropout_only_in_the_update_loss(tmp_path):
     rng = np.random.default_rng(1)  # trained-looking adapters: B != 0
     adapters = jax.tree.map(lambda x: jnp.asarray(0.2 * rng.standard_normal(x.shape), x.dtype),
                             r0.state.params)
-    pt, pm = _first_prompts(r0)
+    pt, pm = first_prompts(r0)
     batch = r0.fns.rollout(adapters, pt, pm, jax.random.key(3))
     lo0, lo1 = r0.fns.score(adapters, batch), r1.fns.score(adapters, batch)
     np.testing.assert_array_equal(np.asarray(lo0), np.asarray(lo1))
@@ -289,9 +274,9 @@ def test_lora_dropout_only_in_the_update_loss(tmp_path):
     p1, m1 = update(r1, 0)
     p1b, m1b = update(r1, 0)
     p1c, _ = update(r1, 1)
-    assert _digest(p1) == _digest(p1b) and m1 == m1b  # deterministic given the key
-    assert _digest(p1) != _digest(p1c)  # fresh masks from another step key
+    assert params_digest(p1) == params_digest(p1b) and m1 == m1b  # deterministic given the key
+    assert params_digest(p1) != params_digest(p1c)  # fresh masks from another step key
     assert m1["loss"] != m0["loss"] and m1["grad_norm"] != m0["grad_norm"]
-    assert _digest(p1) != _digest(p0)
+    assert params_digest(p1) != params_digest(p0)
     for k in ("d_bar", "alpha", "ess_ratio"):  # measured from the deterministic score
         assert m1[k] == m0[k], k

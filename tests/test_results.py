@@ -129,3 +129,16 @@ def test_long_arms_grid_names_and_overrides():
 
     for ov in grid.values():
         load_config(os.path.join(ROOT, mod.CONFIG), [*mod.FROM_WARM, *ov])
+
+
+def test_drivers_start_nothing_past_until(capsys):
+    compare = _compare()
+    assert compare.past("") is False and compare.past("2999-01-01T00:00") is False
+    assert compare.past("2000-01-01T00:00") is True
+    assert "no new run started" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not an ISO date-time"):
+        compare.past("07:30 tomorrow")
+    # the ratio driver stops before its first warm start or run once past the time
+    mod = _experiment("llada_arms")
+    mod.cmd_ratio("/nonexistent/warm", "/nonexistent/scratch", False, "2000-01-01T00:00")
+    assert not os.path.exists("/nonexistent")
