@@ -134,12 +134,29 @@ def render() -> list[str]:
         out.append(f"| {n} | {b['accuracy']:.3f} -> {a['accuracy']:.3f} | "
                    f"{b['sampled_accuracy']:.3f} -> {a['sampled_accuracy']:.3f} | "
                    f"{r['meta']['wall_s']:.0f} |")
+    out += ["", "Primary (pre-registered): mean token ESS ratio over steps 31-40 minus that over "
+            "steps 1-10; the decline of the paper's Fig. 4 is stated only if it is negative in "
+            "both `none` runs:", "", "| run | ESS 1-10 | ESS 31-40 | change |", "|---|---|---|---|"]
+    for n, r in runs.items():
+        if all("ess_ratio" in row for row in r["rows"]) and len(r["rows"]) >= 4 * WINDOW:
+            w = _windows(r, "ess_ratio")
+            out.append(f"| {n} | {w[0]:.4f} | {w[3]:.4f} | {w[3] - w[0]:+.4f} |")
+    pairs = [sd for sd in SEEDS if all(f"smollm2_{arm}_s{sd}" in runs for arm in PRIMARY_ARMS)]
+    if pairs:
+        out += ["", "`ais - none` held-out accuracy after GRPO, per seed (descriptive: n = 2, no "
+                "test):", "", "| seed | sampled | greedy |", "|---|---|---|"]
+        for sd in pairs:
+            a, b = (runs[f"smollm2_{arm}_s{sd}"]["summary"]["eval_after"]
+                    for arm in ("ais", "none"))
+            out.append(f"| {sd} | {a['sampled_accuracy'] - b['sampled_accuracy']:+.4f} | "
+                       f"{a['accuracy'] - b['accuracy']:+.4f} |")
     out += ["", f"Held-out sampled accuracy at steps 0, {', '.join(str(10 * i) for i in (1, 2, 3))}"
             " and 40:", "", "| run | curve |", "|---|---|"]
     for n, r in runs.items():
         out.append(f"| {n} | {' -> '.join(f'{x:.3f}' for x in _curve(r, 'sampled_accuracy'))} |")
     keys = (("ess_ratio", "token ESS ratio", 4), ("d_bar", "d_bar", 4),
-            ("seq_log_ratio_std", "seq. log-ratio sd", 3), ("alpha", "alpha", 3),
+            ("seq_log_ratio_std", "seq. log-ratio sd", 3),
+            ("alpha", "alpha (applied; 0 under none)", 3),
             ("alpha_ess", "alpha_ess", 3), ("alpha_mis", "alpha_mis", 3),
             ("alpha_var", "alpha_var", 3), ("reward_mean", "training reward", 3))
     out += ["", "Mechanism statistics, mean over steps 1-10, 11-20, 21-30, 31-40 of each run "
