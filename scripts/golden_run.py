@@ -1,28 +1,36 @@
 """The golden run: a short fixed-seed run of the embedded default whose metrics guard the numbers.
 
-``python scripts/golden_run.py`` (re)writes ``tests/golden/golden_run.json``;
-``tests/test_golden.py`` runs the same command and compares.  Regenerate only
-on purpose (a change that alters the numbers), in the same commit, and say why
-in its message.
+``tests/test_golden.py`` runs the same command and requires it to reproduce one of the
+committed golden files ``tests/golden/golden_run_<cpu>.json``.  The numbers are exact for one
+machine type and one set of packages: sampled tokens turn any last-bit difference (another
+CPU's vector code, another jaxlib) into another trajectory, so the project keeps one file per
+CPU model its machines have (each records the `environment` it was made on; an AMD EPYC and an
+Intel Xeon so far, whose runs part at the first RL step's rollout).
 
-The numbers are exact for one machine and one set of packages: sampled tokens
-turn any last-bit difference (another CPU's vector code, another jaxlib) into
-another trajectory.  The file records the `environment` it was made on, and the
-test names both environments when it fails on a different one.
+    python scripts/golden_run.py          # a change altered the numbers on purpose: write this
+                                          # machine's file and delete the others (they describe
+                                          # the old numbers); say why in the commit message
+    python scripts/golden_run.py --add    # a new machine type, numbers unchanged: add its file
+
+After a deliberate change the other machine types' files are gone; the first session on each
+adds its file back with ``--add`` from the same commit.
 """
 
 from __future__ import annotations
 
+import argparse
+import glob
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GOLDEN = os.path.join(ROOT, "tests", "golden", "golden_run.json")
+GOLDEN_DIR = os.path.join(ROOT, "tests", "golden")
 
 # The embedded default, shortened: sums of two 1-digit numbers (pinned: the default's
 # task is three 1-digit numbers since issue 28) so 60 warm-start steps reach a
@@ -81,15 +89,38 @@ def environment() -> dict[str, str]:
     return env
 
 
-def main() -> None:
+def golden_path(env: dict[str, str]) -> str:
+    """This machine type's golden file: ``tests/golden/golden_run_<cpu model slug>.json``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", env["cpu"].lower()).strip("-") or "unknown"
+    return os.path.join(GOLDEN_DIR, f"golden_run_{slug}.json")
+
+
+def golden_files() -> list[str]:
+    """Every committed golden file, sorted."""
+    return sorted(glob.glob(os.path.join(GOLDEN_DIR, "golden_run_*.json")))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--add", action="store_true",
+                    help="keep the other machine types' files (the numbers did not change)")
+    a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         result = run_golden(os.path.join(d, "run"))
-    result["environment"] = environment()
-    os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
-    with open(GOLDEN, "w") as f:
+    env = environment()
+    result["environment"] = env
+    path = golden_path(env)
+    os.makedirs(GOLDEN_DIR, exist_ok=True)
+    with open(path, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
         f.write("\n")
-    print(f"wrote {GOLDEN}")
+    print(f"wrote {os.path.relpath(path, ROOT)}")
+    if not a.add:
+        for other in golden_files():
+            if other != path:
+                os.remove(other)
+                print(f"removed {os.path.relpath(other, ROOT)} (old numbers): run "
+                      "`python scripts/golden_run.py --add` on that machine type")
 
 
 if __name__ == "__main__":
