@@ -94,7 +94,8 @@ def runs() -> dict[str, tuple[str, ...]]:
 
 def run_one(name: str, overrides: Sequence[str], scratch: str, config: str = CONFIG) -> None:
     """Train ``config`` + COMMON + ``overrides`` in ``scratch/name``; copy the raw logs (and
-    ``run.json``: command, wall time, load averages) to ``experiments/logs/name``."""
+    ``run.json``: command, code commit, CPU model, wall time, load averages) to
+    ``experiments/logs/name``."""
     out_dir = os.path.join(scratch, name)
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "ais_jax.train", "--config", config, f"out_dir={out_dir}",
@@ -112,12 +113,40 @@ def run_one(name: str, overrides: Sequence[str], scratch: str, config: str = CON
         shutil.copy(os.path.join(out_dir, f), os.path.join(dest, f))
     shown = ["python", "-m", "ais_jax.train", "--config", config, *COMMON, *overrides]
     with open(os.path.join(dest, "run.json"), "w") as f:
-        json.dump({"command": " ".join(shown), "wall_s": round(wall, 1),
+        json.dump({"command": " ".join(shown), "commit": code_commit(), "cpu": cpu_model(),
+                   "wall_s": round(wall, 1),
                    "load_avg_start": [round(x, 2) for x in load0],
                    "load_avg_end": [round(x, 2) for x in os.getloadavg()]}, f, indent=1)
         f.write("\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     print(f"{name}: {wall:.0f} s", flush=True)
+
+
+def cpu_model() -> str:
+    """This machine's CPU model (`scripts/golden_run.py`'s ``environment()["cpu"]``): XLA's CPU
+    code, and so a sampled run's trajectory, differs between models."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "golden_run", os.path.join(ROOT, "scripts", "golden_run.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.environment()["cpu"]
+
+
+def code_commit() -> str | None:
+    """The commit the run's code is at (``git rev-parse HEAD`` in the repository, with
+    ``+dirty`` when tracked files under ``ais_jax/`` differ from it); None outside a git
+    checkout.  Recorded in each run.json, so a study run over several sessions shows that every
+    run trained with the same code."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "ais_jax").stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def past(until: str) -> bool:
@@ -152,8 +181,9 @@ def cmd_run(only: Sequence[str], dry_run: bool, scratch: str) -> None:
 # --------------------------------------------------------------------- report
 
 
-def load(name: str) -> dict | None:
-    d = os.path.join(LOGS, name)
+def load(name: str, logs: str = LOGS) -> dict | None:
+    """A logged run ``logs/<name>`` as ``{"rows", "summary", "meta"}``; None without run.json."""
+    d = os.path.join(logs, name)
     if not os.path.exists(os.path.join(d, "run.json")):
         return None
     with open(os.path.join(d, "metrics.jsonl")) as f:

@@ -3,10 +3,14 @@
     python experiments/llada_arms.py warm --seeds 0 1 2     # one warm start per seed
     python experiments/llada_arms.py run --seeds 0 1 2 [--arms bf16 fp8_ais] [--dry-run]
     python experiments/llada_arms.py report                 # docs/results_llada.md from the logs
-    python experiments/llada_arms.py ratio [--dry-run]      # the pre-registered ratio study
+    python experiments/llada_arms.py ratio [--seeds 7] [--until ISO] [--dry-run]
+                                                            # the pre-registered ratio study
 
 ``ratio`` runs the study of ``experiments/prereg/llada_ratio.md`` (issue 29): seeds 5-9,
 arms `RATIO_ARMS`, run names ``ratio_<arm>_s<seed>``, seed by seed, from the same warm starts.
+Each seed's warm start is recorded in ``experiments/logs/ratio_warm/warm_s<seed>.json`` (sha256
+of the weights, CPU model, commit): the warm start is deterministic on one CPU model only, so a
+seed begun on one machine type is refused on another (`check_warm`).
 
 Every arm of a seed starts GRPO from the same warm-started policy: ``warm``
 runs the warm start of ``configs/tiny_llada_countdown.yaml`` at that seed once
@@ -23,6 +27,8 @@ quarter of the cost.  Raw logs (``metrics.jsonl``, ``summary.json``,
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -36,6 +42,7 @@ CONFIG = "configs/tiny_llada_countdown.yaml"
 RESULTS = os.path.join(ROOT, "docs", "results_llada.md")
 NOTES = os.path.join(ROOT, "experiments", "llada_notes.md")
 LOGS = os.path.join(ROOT, "experiments", "logs")
+RATIO_WARM = os.path.join(LOGS, "ratio_warm")  # warm_s<seed>.json: each seed's warm start
 ARMS = {  # the paper's four arms
     "bf16": ("rollout.precision=bf16", "ais.mode=none"),
     "fp8": ("rollout.precision=fp8", "ais.mode=none"),
@@ -113,11 +120,48 @@ def ratio_planned(seeds: Sequence[int] = RATIO_SEEDS) -> dict[str, tuple[str, ..
             for seed in seeds for arm, ov in RATIO_ARMS.items()}
 
 
-def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "") -> None:
-    """Warm-start the study's seeds (once each), then train every planned run without a log;
-    ``until``: start no warm start or run past this ISO date-time (`compare.past`)."""
+def warm_record(base: str, seed: int) -> dict:
+    """What identifies a seed's warm start: the sha256 of its saved weights, the CPU model and
+    code commit it was made with."""
     c = _compare()
-    for name, ov in ratio_planned().items():
+    with open(os.path.join(warm_dir(base, seed), "model.safetensors"), "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    return {"seed": seed, "model_sha256": sha, "cpu": c.cpu_model(), "commit": c.code_commit()}
+
+
+def check_warm(base: str, seed: int, records: str = RATIO_WARM) -> None:
+    """Record the seed's warm start (``records/warm_s<seed>.json``) the first time; later,
+    refuse a warm start that differs from the recorded one (one line, exit 2).
+
+    The arms of a seed are paired through their shared warm start.  The warm start is
+    deterministic on one CPU model but not across models, so a seed left unfinished by one
+    session must be finished on the same machine type.
+    """
+    rec = warm_record(base, seed)
+    path = os.path.join(records, f"warm_s{seed}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old["model_sha256"] != rec["model_sha256"]:
+            print(f"seed {seed}: this machine's warm start ({rec['cpu']}) is not the one its "
+                  f"logged arms started from ({old['cpu']}, {os.path.relpath(path, ROOT)}): "
+                  "finish the seed on that machine type, or run other seeds (--seeds)",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        return
+    os.makedirs(records, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+        f.write("\n")
+
+
+def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "",
+              seeds: Sequence[int] = RATIO_SEEDS) -> None:
+    """Warm-start the study's ``seeds`` (once each; `check_warm`), then train every planned run
+    of them without a log; ``until``: start no warm start or run past this ISO date-time
+    (`compare.past`)."""
+    c = _compare()
+    for name, ov in ratio_planned(seeds).items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
         seed = int(name.rsplit("_s", 1)[1])
@@ -128,13 +172,15 @@ def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "") -> None:
         if c.past(until):
             return
         cmd_warm([seed], base)
+        check_warm(base, seed)
         if c.past(until):
             return
         c.run_one(name, full, scratch, CONFIG)
 
 
-def render() -> str:
-    """docs/results_llada.md from experiments/logs/llada_<arm>_s<seed> (deterministic)."""
+def render(logs: str = LOGS) -> str:
+    """docs/results_llada.md from ``logs``: the four arms' ``llada_<arm>_s<seed>`` and the
+    ratio study's ``ratio_<arm>_s<seed>`` (`llada_ratio`; deterministic)."""
     import numpy as np
 
     c = _compare()
@@ -143,25 +189,30 @@ def render() -> str:
     runs = {}
     for arm in ARMS:
         for seed in range(10):
-            r = load(f"llada_{arm}_s{seed}")
+            r = load(f"llada_{arm}_s{seed}", logs)
             if r is not None:
                 st = run_stats(r)
                 st["response_len"] = float(np.mean(series(r, "response_len")))
                 runs[arm, seed] = st
     out = ["# The diffusion setting: BF16 / FP8 / FP8+TIS / FP8+AIS on the LLaDA default", "",
            "Generated by `python experiments/llada_arms.py report` from "
-           "`experiments/logs/llada_<arm>_s<seed>/`; do not edit by hand.", "",
-           "Every result on this page is exploratory: none of these runs was pre-registered "
+           "`experiments/logs/llada_<arm>_s<seed>/` and `ratio_<arm>_s<seed>/`; do not edit "
+           "by hand.", "",
+           "The four-arm study's results are exploratory: none of its runs was pre-registered "
            "(the project's first pre-registered study is the long-setting replication, "
-           "`experiments/prereg/long_replication.md`).", "",
+           "`experiments/prereg/long_replication.md`). The last section, the ratio study "
+           "(`experiments/llada_ratio.py`), is pre-registered.", "",
            f"Each run is `{CONFIG}` (0.6M-parameter masked-diffusion model, Countdown with 3 "
            "numbers from 1-6, 150 diffu-GRPO steps x 16 prompts x 8 samples, two inner "
            "iterations) started from its seed's shared warm start (`python "
            "experiments/llada_arms.py warm`), with the arm's rollout precision and correction "
            "(`run.json` holds each command, wall time and load). Held-out accuracy: 512 "
            "problems, greedy and sampled at T=1 (mean of 4).", ""]
+    import llada_ratio
+
+    ratio = llada_ratio.render(logs)
     if not runs:
-        return "\n".join([*out, "No runs logged yet.", ""])
+        return "\n".join([*out, "No runs logged yet.", "", *ratio])
     cols = [("greedy_before", "greedy before"), ("greedy_after", "greedy after"),
             ("delta_greedy", "Δ greedy"), ("sampled_before", "sampled before"),
             ("sampled_after", "sampled after"), ("delta_sampled", "Δ sampled"),
@@ -201,7 +252,7 @@ def render() -> str:
     if os.path.exists(NOTES):
         with open(NOTES) as f:
             out += ["", f.read().rstrip()]
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, "", *ratio]).rstrip("\n") + "\n"
 
 
 def cmd_report() -> None:
@@ -213,7 +264,8 @@ def cmd_report() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("warm", "run", "report", "ratio"))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="warm / run: default 0 1 2; ratio: default all of 5-9")
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     ap.add_argument("--warm-dir", default=os.path.join("runs", "llada_warm"),
                     help="relative to the repository root")
@@ -226,11 +278,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.command == "report":
         cmd_report()
     elif a.command == "warm":
-        cmd_warm(a.seeds, a.warm_dir)
+        cmd_warm(a.seeds or [0, 1, 2], a.warm_dir)
     elif a.command == "ratio":
-        cmd_ratio(a.warm_dir, a.scratch, a.dry_run, a.until)
+        if not set(a.seeds or ()) <= set(RATIO_SEEDS):
+            ap.error(f"ratio: --seeds must be among the pre-registered {list(RATIO_SEEDS)}")
+        cmd_ratio(a.warm_dir, a.scratch, a.dry_run, a.until, a.seeds or RATIO_SEEDS)
     else:
-        cmd_run(a.seeds, a.arms, a.warm_dir, a.scratch, a.dry_run)
+        cmd_run(a.seeds or [0, 1, 2], a.arms, a.warm_dir, a.scratch, a.dry_run)
     return 0
 
 

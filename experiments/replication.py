@@ -17,11 +17,10 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # long_arms, stats
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # long_arms, prereg_tables
 import long_arms
-from stats import holm, paired_t, sign_flip_p
+from prereg_tables import eval_curve, exploratory_table, mean_sd, noise_table, primary_table
 
 PREREG = "experiments/prereg/long_replication.md"
 ARMS = tuple(long_arms.REP_ARMS)  # bf16 null none ais tis
@@ -54,58 +53,16 @@ def _diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
     return [_after(have, arm, s, key) - _after(have, base, s, key) for s in SEEDS]
 
 
-def _f(x: float, digits: int = 3) -> str:
-    return f"{x:+.{digits}f}"
-
-
-def _interval(d: Sequence[float]) -> str:
-    t = paired_t(d)
-    return f"{_f(t.mean)} [{_f(t.ci[0])}, {_f(t.ci[1])}]"
-
-
-def _per_seed(d: Sequence[float]) -> str:
-    return ", ".join(f"s{s} {_f(x)}" for s, x in zip(SEEDS, d, strict=True))
-
-
-def _mean_sd(xs: Sequence[float]) -> str:
-    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
-
-
-def _curve(run: dict, key: str) -> list[float]:
-    """Held-out ``key`` before GRPO, at each of `EVAL_STEPS`, and after GRPO."""
-    by_step = {r["step"]: r for r in run["rows"] if f"eval_{key}" in r}
-    s = run["summary"]
-    return [s["eval_before"][key], *(by_step[k][f"eval_{key}"] for k in EVAL_STEPS),
-            s["eval_after"][key]]
-
-
 def _primary(have: dict[str, dict]) -> list[str]:
     """The confirmatory table: H1 and H2 on sampled accuracy, one-sided, Holm over both."""
-    tests = {h: paired_t(_diffs(have, a, b, "sampled_accuracy"), "greater")
-             for h, a, b in HYPOTHESES}
-    adj = holm({h: t.p for h, t in tests.items()})
-    out = [f"| hypothesis | per seed | mean [95% t-interval] | d_z | t({len(SEEDS) - 1}) | "
-           "one-sided p | "
-           "sign-flip p (one-sided) | Holm p | rejected at 0.05 |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for h, a, b in HYPOTHESES:
-        d = _diffs(have, a, b, "sampled_accuracy")
-        t = tests[h]
-        out.append(f"| {h}: {a} - {b} > 0 | {_per_seed(d)} | {_interval(d)} | "
-                   f"{t.effect:+.2f} | {t.t:.2f} | {t.p:.3f} | "
-                   f"{sign_flip_p(d, 'greater'):.3f} | {adj[h][0]:.3f} | "
-                   f"{'yes' if adj[h][1] else 'no'} |")
-    return out
+    return primary_table([(f"{h}: {a} - {b} > 0", _diffs(have, a, b, "sampled_accuracy"))
+                          for h, a, b in HYPOTHESES], SEEDS)
 
 
 def _noise_floor(have: dict[str, dict]) -> list[str]:
-    out = ["| metric | per seed (null - bf16) | mean of \\|null - bf16\\| | "
-           "mean [95% t-interval] |", "|---|---|---|---|"]
-    for key, label in (("sampled_accuracy", "sampled"), ("accuracy", "greedy")):
-        d = _diffs(have, "null", "bf16", key)
-        out.append(f"| {label} | {_per_seed(d)} | {statistics.mean(abs(x) for x in d):.3f} | "
-                   f"{_interval(d)} |")
-    return out
+    return noise_table([(label, _diffs(have, "null", "bf16", key))
+                        for key, label in (("sampled_accuracy", "sampled"),
+                                           ("accuracy", "greedy"))], SEEDS, "null - bf16")
 
 
 def _exploratory(have: dict[str, dict]) -> list[str]:
@@ -115,14 +72,8 @@ def _exploratory(have: dict[str, dict]) -> list[str]:
             ("tis - none", "tis", "none", "accuracy", "greedy"),
             ("ais - tis", "ais", "tis", "sampled_accuracy", "sampled"),
             ("ais - tis", "ais", "tis", "accuracy", "greedy")]
-    out = ["| comparison | metric | per seed | mean [95% t-interval] | d_z | two-sided p | "
-           "sign-flip p (two-sided) |", "|---|---|---|---|---|---|---|"]
-    for label, a, b, key, metric in rows:
-        d = _diffs(have, a, b, key)
-        t = paired_t(d)
-        out.append(f"| {label} | {metric} | {_per_seed(d)} | {_interval(d)} | "
-                   f"{t.effect:+.2f} | {t.p:.3f} | {sign_flip_p(d):.3f} |")
-    return out
+    return exploratory_table([(label, metric, _diffs(have, a, b, key))
+                              for label, a, b, key, metric in rows], SEEDS)
 
 
 def _arms_table(have: dict[str, dict]) -> list[str]:
@@ -133,14 +84,14 @@ def _arms_table(have: dict[str, dict]) -> list[str]:
         runs = [have[f"rep_{arm}_s{s}"] for s in SEEDS]
 
         def col(key: str, runs: list[dict] = runs) -> str:
-            return _mean_sd([statistics.mean(r[key] for r in run["rows"]) for run in runs])
+            return mean_sd([statistics.mean(r[key] for r in run["rows"]) for run in runs])
 
         after = [r["summary"]["eval_after"] for r in runs]
         out.append(
-            f"| {arm} | {_mean_sd([a['sampled_accuracy'] for a in after])} | "
-            f"{_mean_sd([a['accuracy'] for a in after])} | "
-            f"{_mean_sd([a['pass@4'] for a in after])} | "
-            f"{_mean_sd([r['summary']['eval_before']['sampled_accuracy'] for r in runs])} | "
+            f"| {arm} | {mean_sd([a['sampled_accuracy'] for a in after])} | "
+            f"{mean_sd([a['accuracy'] for a in after])} | "
+            f"{mean_sd([a['pass@4'] for a in after])} | "
+            f"{mean_sd([r['summary']['eval_before']['sampled_accuracy'] for r in runs])} | "
             f"{col('ess_ratio')} | {col('d_bar')} | {col('alpha')} | "
             f"{statistics.mean(r['meta']['wall_s'] for r in runs):.0f} |")
     return out
@@ -151,7 +102,8 @@ def _curves(have: dict[str, dict]) -> list[str]:
     out = ["| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
            "|---|" + "---|" * len(steps)]
     for arm in ARMS:
-        curves = [_curve(have[f"rep_{arm}_s{s}"], "sampled_accuracy") for s in SEEDS]
+        curves = [eval_curve(have[f"rep_{arm}_s{s}"], "sampled_accuracy", EVAL_STEPS)
+                  for s in SEEDS]
         means = [statistics.mean(c[i] for c in curves) for i in range(len(steps))]
         out.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
     return out

@@ -142,3 +142,119 @@ def test_drivers_start_nothing_past_until(capsys):
     mod = _experiment("llada_arms")
     mod.cmd_ratio("/nonexistent/warm", "/nonexistent/scratch", False, "2000-01-01T00:00")
     assert not os.path.exists("/nonexistent")
+
+
+def _write_run(logs, name: str, before: float, after: float, greedy: float, curve: tuple,
+               traj: bool) -> None:
+    """A minimal logged run (run.json, summary.json, metrics.jsonl) under ``logs/name``."""
+    import json
+
+    d = logs / name
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"wall_s": 100.0}))
+    ev = {"n": 512, "pass@4": 0.2}
+    (d / "summary.json").write_text(json.dumps({
+        "eval_before": {**ev, "accuracy": 0.1, "sampled_accuracy": before},
+        "eval_after": {**ev, "accuracy": greedy, "sampled_accuracy": after}}))
+    rows = []
+    for step, acc in zip((1, 50, 100), (None, *curve), strict=True):
+        row = {"step": step, "d_bar": 0.08, "ess_ratio": 0.95, "alpha": 0.5}
+        if traj:
+            row.update({"traj/d_bar": 0.2, "est/d_bar": 0.07})
+        if acc is not None:
+            row.update({"eval_accuracy": acc, "eval_sampled_accuracy": acc})
+        rows.append(row)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_ratio_study_section_known_answers(tmp_path):
+    """The ratio study's analysis (experiments/llada_ratio.py) on synthetic logs: it waits for
+    all 25 runs, then tests H1 = ais_traj - none and H2 = ais_traj - ais_est one-sided with
+    Holm, and reports the null - none noise floor, each against hand-computed values."""
+    mod = _experiment("llada_ratio")
+    assert mod.ARMS == ("none", "null", "tis_traj", "ais_traj", "ais_est")
+    assert mod.SEEDS == (5, 6, 7, 8, 9)
+    logs = tmp_path / "logs"
+    # per seed i: none 0.25 (greedy 0.125); ais_traj none + i/64 (i = 1..5); ais_est
+    # ais_traj - (+1, -1, +2, -2, 0)/64; null none + (+1, -1, +1, -1, 0)/32; tis_traj = none.
+    # Every value is a multiple of 1/64, so the differences are exact in binary.
+    h1 = [i / 64 for i in range(1, 6)]
+    h2 = [x / 64 for x in (1, -1, 2, -2, 0)]
+    noise = [x / 32 for x in (1, -1, 1, -1, 0)]
+    after = {"none": [0.25] * 5, "tis_traj": [0.25] * 5,
+             "ais_traj": [0.25 + x for x in h1],
+             "ais_est": [0.25 + a - b for a, b in zip(h1, h2, strict=True)],
+             "null": [0.25 + x for x in noise]}
+    for k, seed in enumerate(mod.SEEDS):
+        for arm in mod.ARMS:
+            a = after[arm][k]
+            _write_run(logs, f"ratio_{arm}_s{seed}", 0.2, a, a - 0.125, (0.2, a),
+                       arm.endswith("_traj"))
+        if k == 0:  # the stopping rule: with 5 of 25 runs there is no analysis yet
+            text = "\n".join(mod.render(str(logs)))
+            assert "5 of 25 runs logged" in text and "Holm p" not in text
+    lines = mod.render(str(logs))
+    text = "\n".join(lines)
+    assert "of 25 runs logged" not in text
+    # H1: d = (1..5)/64, mean 3/64 = 0.0469, sd sqrt(2.5)/64, t = 3 / sqrt(2.5 / 5) = 4.243,
+    # d_z = 3 / sqrt(2.5) = 1.90, df 4, one-sided p = 0.00662; every d > 0: one-sided
+    # sign-flip p = 1/32 = 0.031; Holm: 2 x 0.00662 = 0.013, rejected.  95% interval
+    # 3/64 -/+ 2.776 sqrt(0.5)/64 = 0.0469 -/+ 0.0307 = [0.016, 0.078].
+    row1 = next(ln for ln in lines if ln.startswith("| H1: ais_traj - none > 0"))
+    assert row1 == ("| H1: ais_traj - none > 0 | s5 +0.016, s6 +0.031, s7 +0.047, s8 +0.062, "
+                    "s9 +0.078 | +0.047 [+0.016, +0.078] | +1.90 | 4.24 | 0.007 | 0.031 | "
+                    "0.013 | yes |")
+    # H2: d sums to 0, sd sqrt(2.5)/64 as H1's: t = 0, one-sided p = 0.5, interval 0 -/+ 0.031;
+    # sign-flip: the sum of (+-1 +-1 +-2 +-2) / 64 is 0 in 4 of 16 sign patterns and > 0 in
+    # half of the rest, so p = P(sum >= 0) = 10/16 = 0.625; Holm: max(0.013, 0.5) = 0.5, not
+    # rejected.
+    row2 = next(ln for ln in lines if ln.startswith("| H2: ais_traj - ais_est > 0"))
+    assert row2.endswith("| +0.000 [-0.031, +0.031] | +0.00 | 0.00 | 0.500 | 0.625 | 0.500 | "
+                         "no |")
+    # noise floor: mean |null - none| = 4 / 32 / 5 = 0.025, mean 0
+    floor = next(ln for ln in lines if ln.startswith("| sampled | s5 +0.031"))
+    assert "| 0.025 | +0.000 [" in floor
+    # arms table: the trajectory arms log both ratios' d_bar, the others "-"
+    none_row = next(ln for ln in lines if ln.startswith("| none | 0.250 ± 0.000"))
+    assert none_row.endswith("| 0.080 ± 0.000 | 0.950 ± 0.000 | - | - | 0.500 ± 0.000 | 100 |")
+    traj_row = next(ln for ln in lines if ln.startswith("| ais_traj | 0.297 ± 0.025"))
+    assert "| 0.200 ± 0.000 | 0.070 ± 0.000 |" in traj_row
+    # curves: before 0.2, step 50 0.2, step 100 and after = the final accuracy
+    assert "| ais_traj | 0.200 | 0.200 | 0.297 | 0.297 |" in lines
+    assert "| ais_est - none | greedy |" in text and "| H1 ais_traj - none | greedy |" in text
+
+
+def test_run_json_records_the_code_commit():
+    """compare.code_commit: HEAD's 40-hex id (+dirty when ais_jax/ has uncommitted changes)
+    inside a git checkout, None outside one."""
+    import re
+
+    c = _compare().code_commit()
+    if os.path.exists(os.path.join(ROOT, ".git")):
+        assert c is not None and re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", c), c
+    else:
+        assert c is None
+
+
+def test_ratio_driver_refuses_a_seed_whose_warm_start_changed(tmp_path, capsys):
+    """check_warm records a seed's warm start the first time, accepts the same weights again
+    and refuses different ones (another CPU model's warm start) with one line and exit 2."""
+    mod = _experiment("llada_arms")
+    base, records = tmp_path / "warm", tmp_path / "records"
+    (base / "llada_warm_s6").mkdir(parents=True)
+    weights = base / "llada_warm_s6" / "model.safetensors"
+    weights.write_bytes(b"\x00\x01weights")
+    mod.check_warm(str(base), 6, str(records))
+    import hashlib
+    import json
+
+    rec = json.loads((records / "warm_s6.json").read_text())
+    assert rec["seed"] == 6
+    assert rec["model_sha256"] == hashlib.sha256(b"\x00\x01weights").hexdigest()
+    mod.check_warm(str(base), 6, str(records))  # the same warm start: accepted
+    weights.write_bytes(b"\x00\x02weights")
+    with pytest.raises(SystemExit) as e:
+        mod.check_warm(str(base), 6, str(records))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "seed 6" in err and "finish the seed on that machine type" in err

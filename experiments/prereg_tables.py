@@ -1,0 +1,95 @@
+"""Markdown tables of a pre-registered paired study (shared by its report sections).
+
+A pre-registered study here compares arms paired by seed: each hypothesis is a one-sided paired
+t-test of per-seed differences (arm minus reference) with Holm's correction over the declared
+family, the noise floor is the difference between two arms that differ only by their RL-step
+key stream, and everything else is exploratory (two-sided, no correction).  These functions
+only format what `stats` computes; the modules that call them (``replication.py``,
+``llada_ratio.py``) choose the arms, metrics and seeds their pre-registration fixed.
+
+    from prereg_tables import primary_table
+    primary_table([("H1: ais - none > 0", [0.02, 0.05, -0.01, 0.03, 0.04])], (5, 6, 7, 8, 9))
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from stats import holm, paired_t, sign_flip_p
+
+
+def signed(x: float, digits: int = 3) -> str:
+    """``x`` with its sign, e.g. ``+0.030``."""
+    return f"{x:+.{digits}f}"
+
+
+def interval(d: Sequence[float]) -> str:
+    """The mean difference with its two-sided 95% paired t-interval: ``+m [lo, hi]``."""
+    t = paired_t(d)
+    return f"{signed(t.mean)} [{signed(t.ci[0])}, {signed(t.ci[1])}]"
+
+
+def per_seed(seeds: Sequence[int], d: Sequence[float]) -> str:
+    """``s5 +0.010, s6 -0.020, ...``: each seed's difference."""
+    return ", ".join(f"s{s} {signed(x)}" for s, x in zip(seeds, d, strict=True))
+
+
+def mean_sd(xs: Sequence[float]) -> str:
+    """``mean ± sd`` (sample sd) to 3 decimals."""
+    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+
+
+def eval_curve(run: dict, key: str, steps: Sequence[int]) -> list[float]:
+    """Held-out ``key`` of a run (`compare.load`'s dict) before GRPO, at each of ``steps``
+    (its ``eval_<key>`` rows) and after GRPO."""
+    by_step = {r["step"]: r for r in run["rows"] if f"eval_{key}" in r}
+    s = run["summary"]
+    return [s["eval_before"][key], *(by_step[k][f"eval_{key}"] for k in steps),
+            s["eval_after"][key]]
+
+
+def primary_table(hypotheses: Sequence[tuple[str, Sequence[float]]],
+                  seeds: Sequence[int], alpha: float = 0.05) -> list[str]:
+    """The confirmatory table: one row per hypothesis ``(label, per-seed differences)``.
+
+    Each difference is tested one-sided (mean > 0) by the paired t-test and the exact sign-flip
+    permutation test; Holm's step-down correction runs over the t-test p-values of all rows
+    (the family) at ``alpha``.
+    """
+    tests = {h: paired_t(d, "greater") for h, d in hypotheses}
+    adj = holm({h: t.p for h, t in tests.items()}, alpha)
+    out = [f"| hypothesis | per seed | mean [95% t-interval] | d_z | t({len(seeds) - 1}) | "
+           "one-sided p | sign-flip p (one-sided) | Holm p | rejected at "
+           f"{alpha:g} |", "|---|---|---|---|---|---|---|---|---|"]
+    for h, d in hypotheses:
+        t = tests[h]
+        out.append(f"| {h} | {per_seed(seeds, d)} | {interval(d)} | {t.effect:+.2f} | "
+                   f"{t.t:.2f} | {t.p:.3f} | {sign_flip_p(d, 'greater'):.3f} | "
+                   f"{adj[h][0]:.3f} | {'yes' if adj[h][1] else 'no'} |")
+    return out
+
+
+def noise_table(rows: Sequence[tuple[str, Sequence[float]]], seeds: Sequence[int],
+                pair: str) -> list[str]:
+    """The noise floor: per metric ``(label, per-seed differences of the pair)``, the mean
+    absolute difference and the mean with its t-interval; ``pair`` names it (``null - bf16``)."""
+    out = [f"| metric | per seed ({pair}) | mean of \\|{pair}\\| | mean [95% t-interval] |",
+           "|---|---|---|---|"]
+    for label, d in rows:
+        out.append(f"| {label} | {per_seed(seeds, d)} | "
+                   f"{statistics.mean(abs(x) for x in d):.3f} | {interval(d)} |")
+    return out
+
+
+def exploratory_table(rows: Sequence[tuple[str, str, Sequence[float]]],
+                      seeds: Sequence[int]) -> list[str]:
+    """Exploratory comparisons ``(label, metric, per-seed differences)``: two-sided paired
+    t-test and sign-flip p-values, no correction for multiplicity."""
+    out = ["| comparison | metric | per seed | mean [95% t-interval] | d_z | two-sided p | "
+           "sign-flip p (two-sided) |", "|---|---|---|---|---|---|---|"]
+    for label, metric, d in rows:
+        t = paired_t(d)
+        out.append(f"| {label} | {metric} | {per_seed(seeds, d)} | {interval(d)} | "
+                   f"{t.effect:+.2f} | {t.p:.3f} | {sign_flip_p(d):.3f} |")
+    return out
