@@ -205,7 +205,7 @@ def with_adapters(params: dict, adapters: dict, lora_cfg: LoraConfig, *,
     result goes to `ais_jax.models.model.forward`, the log-prob functions or
     LLaDA's forward unchanged.  Dropout (rate ``lora_cfg.dropout``) applies
     only when ``dropout_key`` is given (training); without it the branch is
-    deterministic (log-probs, evaluation), as a PEFT model in ``eval()`` mode.
+    deterministic (log-probs, evaluation), as a PEFT model in inference mode.
 
     Args:
       params: full-precision (or quantized) base params; not modified.
