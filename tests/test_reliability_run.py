@@ -199,10 +199,20 @@ def test_torn_metrics_line_and_later_steps_are_dropped_on_resume(tmp_path, capsy
     assert [r["step"] for r in kept] == [1, 2] == [r["step"] for r in _metrics(tmp_path)]
 
 
+SIGNAL_ARGS = [*TINY, "train.steps=30", "checkpoint.every=0"]
+
+
+@pytest.fixture(scope="module")
+def signal_ref(tmp_path_factory):
+    """The uninterrupted 30-step run both signal tests compare with (one run, not two)."""
+    out = tmp_path_factory.mktemp("signal_ref")
+    return train.run(load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *SIGNAL_ARGS]))
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_checkpoints_exits_128_plus_signum_and_resumes_identically(signum, tmp_path):
-    args = [*TINY, "train.steps=30", "checkpoint.every=0"]
-    ref = train.run(load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path / 'ref'}", *args]))
+def test_signal_checkpoints_exits_128_plus_signum_and_resumes_identically(signum, tmp_path,
+                                                                          signal_ref):
+    args, ref = SIGNAL_ARGS, signal_ref
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "ais_jax.train", f"out_dir={out}", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
