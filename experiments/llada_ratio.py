@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # llada_arms, prereg_tables
 import llada_arms
-from prereg_tables import eval_curve, exploratory_table, mean_sd, noise_table, primary_table
+from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
 
 PREREG = "experiments/prereg/llada_ratio.md"
 ARMS = tuple(llada_arms.RATIO_ARMS)  # none null tis_traj ais_traj ais_est
@@ -71,15 +71,8 @@ def _arms_table(have: dict[str, dict]) -> list[str]:
 
 
 def _curves(have: dict[str, dict]) -> list[str]:
-    steps = ("0", *map(str, EVAL_STEPS), "150")
-    out = ["| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
-           "|---|" + "---|" * len(steps)]
-    for arm in ARMS:
-        curves = [eval_curve(have[f"ratio_{arm}_s{s}"], "sampled_accuracy", EVAL_STEPS)
-                  for s in SEEDS]
-        means = [statistics.mean(c[i] for c in curves) for i in range(len(steps))]
-        out.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
-    return out
+    runs = {arm: [have[f"ratio_{arm}_s{s}"] for s in SEEDS] for arm in ARMS}
+    return curves_table(runs, "sampled_accuracy", EVAL_STEPS, 150)
 
 
 def render(logs: str = llada_arms.LOGS) -> list[str]:

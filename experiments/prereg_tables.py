@@ -49,6 +49,20 @@ def eval_curve(run: dict, key: str, steps: Sequence[int]) -> list[float]:
             s["eval_after"][key]]
 
 
+def curves_table(runs: dict[str, Sequence[dict]], key: str, steps: Sequence[int],
+                 last: int) -> list[str]:
+    """Mean over each arm's runs (``arm -> runs``) of the held-out ``key`` before GRPO, at
+    ``steps`` and after GRPO (step ``last``): one row per arm."""
+    cols = ("0", *map(str, steps), str(last))
+    out = ["| arm | " + " | ".join(f"step {c}" for c in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    for arm, rs in runs.items():
+        curves = [eval_curve(r, key, steps) for r in rs]
+        means = [statistics.mean(c[i] for c in curves) for i in range(len(cols))]
+        out.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+    return out
+
+
 def primary_table(hypotheses: Sequence[tuple[str, Sequence[float]]],
                   seeds: Sequence[int], alpha: float = 0.05) -> list[str]:
     """The confirmatory table: one row per hypothesis ``(label, per-seed differences)``.

@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # long_arms, prereg_tables
 import long_arms
-from prereg_tables import eval_curve, exploratory_table, mean_sd, noise_table, primary_table
+from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
 
 PREREG = "experiments/prereg/long_replication.md"
 ARMS = tuple(long_arms.REP_ARMS)  # bf16 null none ais tis
@@ -98,15 +98,8 @@ def _arms_table(have: dict[str, dict]) -> list[str]:
 
 
 def _curves(have: dict[str, dict]) -> list[str]:
-    steps = ("0", *map(str, EVAL_STEPS), "80")
-    out = ["| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
-           "|---|" + "---|" * len(steps)]
-    for arm in ARMS:
-        curves = [eval_curve(have[f"rep_{arm}_s{s}"], "sampled_accuracy", EVAL_STEPS)
-                  for s in SEEDS]
-        means = [statistics.mean(c[i] for c in curves) for i in range(len(steps))]
-        out.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
-    return out
+    runs = {arm: [have[f"rep_{arm}_s{s}"] for s in SEEDS] for arm in ARMS}
+    return curves_table(runs, "sampled_accuracy", EVAL_STEPS, 80)
 
 
 def render() -> list[str]:
