@@ -5,7 +5,8 @@ The plan, hypotheses, test and noise floor are fixed in ``experiments/prereg/lla
 the logs ``experiments/logs/ratio_<arm>_s<seed>`` (seeds 5-9, arms ``none``, ``null``,
 ``tis_traj``, ``ais_traj``, ``ais_est``) made by ``python experiments/llada_arms.py ratio``.
 The confirmatory analysis is rendered only when all 25 runs exist (the pre-registration's
-stopping rule); before that the section says how many exist.
+stopping rule); before that the section says how many exist. The reading written after the
+numbers, ``experiments/llada_ratio_notes.md``, follows the analysis (only once it is made).
 
     python experiments/llada_arms.py report   # regenerates docs/results_llada.md with it
 """
@@ -21,6 +22,7 @@ import llada_arms
 from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
 
 PREREG = "experiments/prereg/llada_ratio.md"
+NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_ratio_notes.md")
 ARMS = tuple(llada_arms.RATIO_ARMS)  # none null tis_traj ais_traj ais_est
 SEEDS = llada_arms.RATIO_SEEDS
 HYPOTHESES = (("H1", "ais_traj", "none"), ("H2", "ais_traj", "ais_est"))
@@ -75,8 +77,9 @@ def _curves(have: dict[str, dict]) -> list[str]:
     return curves_table(runs, "sampled_accuracy", EVAL_STEPS, 150)
 
 
-def render(logs: str = llada_arms.LOGS) -> list[str]:
-    """The study's section of docs/results_llada.md (markdown lines) from the logs in ``logs``."""
+def render(logs: str = llada_arms.LOGS, notes: str = NOTES) -> list[str]:
+    """The study's section of docs/results_llada.md (markdown lines) from the logs in ``logs``,
+    then the hand-written reading in ``notes`` (when the file exists and the analysis is made)."""
     have = loaded(logs)
     total = len(ARMS) * len(SEEDS)
     out = ["## The correction's ratio: estimator vs trajectory (pre-registered)", "",
@@ -112,4 +115,12 @@ def render(logs: str = llada_arms.LOGS) -> list[str]:
             "correction and 1 with TIS.", "",
             "Held-out sampled accuracy during GRPO (mean over seeds; `eval.every=50`):", "",
             *_curves(have), "", "### Exploratory (no correction for multiplicity)", "",
-            *exploratory_table(explore, SEEDS), ""]
+            *exploratory_table(explore, SEEDS), "", *_notes(notes)]
+
+
+def _notes(path: str) -> list[str]:
+    """The reading written after the numbers (markdown lines), or none when there is no file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [*f.read().rstrip().splitlines(), ""]

@@ -191,9 +191,14 @@ def test_ratio_study_section_known_answers(tmp_path):
             _write_run(logs, f"ratio_{arm}_s{seed}", 0.2, a, a - 0.125, (0.2, a),
                        arm.endswith("_traj"))
         if k == 0:  # the stopping rule: with 5 of 25 runs there is no analysis yet
-            text = "\n".join(mod.render(str(logs)))
+            notes = tmp_path / "notes.md"
+            notes.write_text("## Reading\n\nhand-written\n")
+            text = "\n".join(mod.render(str(logs), str(notes)))
             assert "5 of 25 runs logged" in text and "Holm p" not in text
-    lines = mod.render(str(logs))
+            assert "hand-written" not in text  # no reading before the analysis
+    with_notes = mod.render(str(logs), str(notes))
+    assert with_notes[-4:] == ["## Reading", "", "hand-written", ""]  # after the analysis
+    lines = mod.render(str(logs), str(tmp_path / "absent.md"))
     text = "\n".join(lines)
     assert "of 25 runs logged" not in text
     # H1: d = (1..5)/64, mean 3/64 = 0.0469, sd sqrt(2.5)/64, t = 3 / sqrt(2.5 / 5) = 4.243,
