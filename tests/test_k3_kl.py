@@ -48,15 +48,41 @@ def test_k3_kl_unchanged_at_large_gaps():
                                rtol=1e-6)
 
 
+def _k3_float64(c: np.ndarray) -> np.ndarray:
+    """exp(c) - 1 - c in float64; expm1(c) - c cancels in float64 too below ~1e-5, so the
+    series (to c^5, exact to float64 there) below 1e-3."""
+    c = np.asarray(c, np.float64)
+    series = c * c * (0.5 + c / 6 + c * c / 24 + c**3 / 120)
+    return np.where(np.abs(c) < 1e-3, series, np.expm1(c) - c)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.floats(-60.0, 60.0, width=32))
 def test_property_k3_matches_float64(c):
-    # k3 >= 0 and within 2e-5 relative of the float64 exp(c) - 1 - c (of the float32 input).
+    # k3 >= 0 and within 1e-6 relative of the float64 exp(c) - 1 - c (of the float32 input).
     got = float(k3(jnp.float32(c)))
-    # float64 reference: expm1(c) - c cancels in float64 too below ~1e-5; series there
-    want = c * c * (0.5 + c / 6 + c * c / 24) if abs(c) < 1e-3 else math.expm1(c) - c
     assert got >= 0.0
     if c == 0.0:
         assert got == 0.0
     else:
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-37)  # c^2 may underflow
+        np.testing.assert_allclose(got, _k3_float64(c), rtol=1e-6, atol=1e-37)  # c^2 underflows
+
+
+def test_k3_relative_error_on_a_dense_float32_grid():
+    """Every float32 on dense grids over [-60, 60], with both sides of the series / expm1
+    switch at |c| = 0.5 and the old switch at 1e-2 (where expm1(c) - c lost 6e-5 relative):
+    within 1e-6 of float64, and the gradient within 1e-6 of expm1(c)."""
+    grids = [np.linspace(lo, hi, 20001, dtype=np.float32) for lo, hi in
+             ((1e-6, 1e-2), (1e-2, 0.6), (0.45, 0.55), (0.5, 60.0))]
+    c = np.concatenate([*grids, *(-g for g in grids)])
+    got = np.asarray(jax.jit(k3)(jnp.asarray(c)), np.float64)
+    want = _k3_float64(c)
+    assert (got > 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    grad = np.asarray(jax.jit(jax.vmap(jax.grad(k3)))(jnp.asarray(c)), np.float64)
+    np.testing.assert_allclose(grad, np.expm1(c.astype(np.float64)), rtol=1e-6)
+    # the old switch point: expm1(c) - c in float32 is 6e-5 off there, k3 is not
+    c01 = np.float32(0.01003515)
+    old = float(np.expm1(c01) - c01)
+    assert abs(old / float(_k3_float64(c01)) - 1) > 1e-5
+    assert abs(float(k3(jnp.float32(c01))) / float(_k3_float64(c01)) - 1) < 1e-6

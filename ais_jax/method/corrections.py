@@ -177,11 +177,14 @@ def k3(c: jax.Array) -> jax.Array:
     """The k3 estimator term ``exp(c) - 1 - c``, elementwise, without cancellation near 0.
 
     ``exp(c) - c - 1`` in float32 loses every digit for ``|c| < 1e-4`` (it is 0
-    at ``c = 1e-4``, exactly ``5e-9``); this uses the series
-    ``c^2 (1/2 + c (1/6 + c / 24))`` for ``|c| < 1e-2`` and ``expm1(c) - c``
-    elsewhere.  Differentiable with a finite gradient wherever the value is
-    finite (the unused branch sees a safe input).  Shared by the ``kl_k3``
-    diagnostic here and the KL penalty of `ais_jax.method.grpo.grpo_loss`.
+    at ``c = 1e-4``, exactly ``5e-9``), and ``expm1(c) - c`` still cancels about
+    ``log2(2 / |c|)`` bits (relative error 6e-5 at ``|c| = 1e-2``).  This uses the
+    Taylor series ``c^2 sum_k c^k / (k + 2)!`` through ``c^12`` for ``|c| < 0.5``
+    (truncation below 1e-12 relative) and ``expm1(c) - c`` elsewhere: relative
+    error below 1e-6 over the float32 range (tested against float64).
+    Differentiable with a finite gradient wherever the value is finite (the
+    unused branch sees a safe input).  Shared by the ``kl_k3`` diagnostic here
+    and the KL penalty of `ais_jax.method.grpo.grpo_loss`.
 
     Args:
       c: ``[...]`` float log-ratio (float32 for reductions).
@@ -189,10 +192,16 @@ def k3(c: jax.Array) -> jax.Array:
     Returns:
       ``[...]`` same dtype, ``>= 0`` (``+inf`` where ``exp(c)`` overflows).
     """
-    small = jnp.abs(c) < 1e-2
+    small = jnp.abs(c) < _K3_SERIES_BELOW
     cs = jnp.where(small, c, 0.0)
-    series = cs * cs * (0.5 + cs * (1.0 / 6.0 + cs * (1.0 / 24.0)))
-    return jnp.where(small, series, jnp.expm1(c) - c)
+    poly = jnp.zeros_like(cs)
+    for coef in reversed(_K3_SERIES):  # Horner: 1/2! + c (1/3! + c (... + c / 12!))
+        poly = coef + cs * poly
+    return jnp.where(small, cs * cs * poly, jnp.expm1(c) - c)
+
+
+_K3_SERIES_BELOW = 0.5
+_K3_SERIES = tuple(1.0 / math.factorial(k) for k in range(2, 13))  # 1/2!, ..., 1/12!
 
 
 def _seq_log_ratio(log_rho: jax.Array, valid: jax.Array) -> jax.Array:
