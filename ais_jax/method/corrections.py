@@ -173,6 +173,10 @@ def masked_quantiles(x: jax.Array, valid: jax.Array, qs: tuple[float, ...]) -> j
     return jnp.where(n > 0, q, 0.0)
 
 
+_K3_SERIES_BELOW = 0.5
+_K3_SERIES = tuple(1.0 / math.factorial(k) for k in range(2, 13))  # 1/2!, ..., 1/12!
+
+
 def k3(c: jax.Array) -> jax.Array:
     """The k3 estimator term ``exp(c) - 1 - c``, elementwise, without cancellation near 0.
 
@@ -198,10 +202,6 @@ def k3(c: jax.Array) -> jax.Array:
     for coef in reversed(_K3_SERIES):  # Horner: 1/2! + c (1/3! + c (... + c / 12!))
         poly = coef + cs * poly
     return jnp.where(small, cs * cs * poly, jnp.expm1(c) - c)
-
-
-_K3_SERIES_BELOW = 0.5
-_K3_SERIES = tuple(1.0 / math.factorial(k) for k in range(2, 13))  # 1/2!, ..., 1/12!
 
 
 def _seq_log_ratio(log_rho: jax.Array, valid: jax.Array) -> jax.Array:
