@@ -4,8 +4,9 @@
 committed golden files ``tests/golden/golden_run_<cpu>.json``.  The numbers are exact for one
 machine type and one set of packages: sampled tokens turn any last-bit difference (another
 CPU's vector code, another jaxlib) into another trajectory, so the project keeps one file per
-CPU model its machines have (each records the `environment` it was made on; an AMD EPYC and an
-Intel Xeon so far, whose runs part at the first RL step's rollout).
+CPU model its machines have (each records the `environment` it was made on: an AMD EPYC (Zen 3
+era, no cpu_id recorded), an Intel Xeon, and an AMD EPYC family 25 model 17 (Zen 4, AVX-512) so
+far; the first two part at the first RL step's rollout, the Zen 4 already in the warm start).
 
     python scripts/golden_run.py          # a change altered the numbers on purpose: write this
                                           # machine's file and delete the others (they describe
@@ -81,6 +82,9 @@ def environment() -> dict[str, str]:
     except OSError:
         pass
     env = {"cpu": cpu, "python": platform.python_version()}
+    cpu_id = _cpu_id()
+    if cpu_id:
+        env["cpu_id"] = cpu_id
     for name in PACKAGES:
         try:
             env[name] = importlib.metadata.version(name)
@@ -89,9 +93,35 @@ def environment() -> dict[str, str]:
     return env
 
 
+def _cpu_id() -> str | None:
+    """x86 family, model and widest vector unit, e.g. ``family 25 model 17 avx512``.
+
+    The model name alone does not name a machine type: "AMD EPYC" covers Zen 3 (AVX2) and
+    Zen 4 (AVX-512), whose XLA CPU code reduces in other orders (their runs part in the warm
+    start).  None where /proc/cpuinfo has no such lines.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = dict(ln.split(":", 1) for ln in f.read().split("\n\n")[0].splitlines()
+                          if ":" in ln)
+    except OSError:
+        return None
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    flags = fields.get("flags", "").split()
+    vector = next((v for v in ("avx512f", "avx2", "avx") if v in flags), "novec")
+    return f"family {fields['cpu family']} model {fields['model']} {vector.removesuffix('f')}"
+
+
 def golden_path(env: dict[str, str]) -> str:
-    """This machine type's golden file: ``tests/golden/golden_run_<cpu model slug>.json``."""
-    slug = re.sub(r"[^a-z0-9]+", "-", env["cpu"].lower()).strip("-") or "unknown"
+    """This machine type's golden file: ``tests/golden/golden_run_<cpu slug>.json``.
+
+    The slug is the model name plus, for files made since the AMD EPYC generations parted,
+    the ``cpu_id`` (family, model, vector unit); older files carry only the name.
+    """
+    name = env["cpu"] + (f" {env['cpu_id']}" if env.get("cpu_id") else "")
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
     return os.path.join(GOLDEN_DIR, f"golden_run_{slug}.json")
 
 

@@ -96,7 +96,7 @@ def test_each_golden_file_is_named_for_its_machine_and_a_moved_number_fails():
             want = json.load(f)
         env = want.pop("environment")
         assert golden_run.golden_path(env) == path
-        cpus.append(env["cpu"])
+        cpus.append((env["cpu"], env.get("cpu_id")))
         assert _mismatch(want, copy.deepcopy(want)) is None
         moved = copy.deepcopy(want)
         i = max(range(len(want["metrics"])), key=lambda k: want["metrics"][k]["grad_norm"])
