@@ -5,7 +5,7 @@
 run directory under ``--scratch``) and keeps its logs in ``experiments/logs/demo_seed_S/``:
 ``metrics.jsonl``, ``summary.json``, ``warm_start.json``, ``stdout.txt`` and ``run.json``
 (command, wall time, load averages, exit status).  Seeds with a log are skipped;
-``--report`` prints the before -> after table the README quotes.
+``--report`` prints the before -> after table docs/measured.md quotes.
 """
 
 from __future__ import annotations

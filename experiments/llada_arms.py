@@ -37,6 +37,9 @@ from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/common.py
+import common  # noqa: E402
+import llada_ratio  # noqa: E402
 
 CONFIG = "configs/tiny_llada_countdown.yaml"
 RESULTS = os.path.join(ROOT, "docs", "results_llada.md")
@@ -50,16 +53,11 @@ ARMS = {  # the paper's four arms
     "fp8_ais": ("rollout.precision=fp8", "ais.mode=ais"),
 }
 
-# The pre-registered ratio study (experiments/prereg/llada_ratio.md): FP8 E4M3 rollouts.
-RATIO_SEEDS = (5, 6, 7, 8, 9)
-RATIO_ARMS = {
-    "none": ("rollout.precision=fp8", "ais.mode=none"),
-    "null": ("rollout.precision=fp8", "ais.mode=none", "train.rng_stream=1"),
-    "tis_traj": ("rollout.precision=fp8", "ais.mode=tis", "diffusion.ratio=trajectory"),
-    "ais_traj": ("rollout.precision=fp8", "ais.mode=ais", "diffusion.ratio=trajectory"),
-    "ais_est": ("rollout.precision=fp8", "ais.mode=ais", "diffusion.ratio=estimator"),
-}
-RATIO_COMMON = ("eval.every=50",)
+# The pre-registered ratio study (experiments/prereg/llada_ratio.md): its seeds, arms and
+# common overrides are declared beside its analysis, in llada_ratio.py.
+RATIO_SEEDS = llada_ratio.SEEDS
+RATIO_ARMS = llada_ratio.ARM_OVERRIDES
+RATIO_COMMON = llada_ratio.COMMON_OVERRIDES
 
 
 def warm_dir(base: str, seed: int) -> str:
@@ -80,7 +78,7 @@ def cmd_warm(seeds: Sequence[int], base: str) -> None:
             continue
         t0 = time.perf_counter()
         cfg = load_config(os.path.join(ROOT, CONFIG),
-                          [f"seed={seed}", f"out_dir={dest}.run", *_compare().COMMON])
+                          [f"seed={seed}", f"out_dir={dest}.run", *common.COMMON])
         run = build_run(cfg)
         params = warm_start(run, run.state.params)
         save(dest, to_host(params), run.model_cfg)
@@ -89,17 +87,10 @@ def cmd_warm(seeds: Sequence[int], base: str) -> None:
         print(f"warm start seed {seed}: {time.perf_counter() - t0:.0f} s -> {dest}", flush=True)
 
 
-def _compare():
-    """experiments/compare.py (its ``run_one`` / ``load`` / ``run_stats``), importable from here."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import compare
-
-    return compare
-
 
 def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str,
             dry_run: bool) -> None:
-    run_one = _compare().run_one
+    run_one = common.run_one
     for seed in seeds:
         src = warm_dir(base, seed)
         for arm in arms:
@@ -123,10 +114,10 @@ def ratio_planned(seeds: Sequence[int] = RATIO_SEEDS) -> dict[str, tuple[str, ..
 def warm_record(base: str, seed: int) -> dict:
     """What identifies a seed's warm start: the sha256 of its saved weights, the CPU model and
     code commit it was made with."""
-    c = _compare()
     with open(os.path.join(warm_dir(base, seed), "model.safetensors"), "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
-    return {"seed": seed, "model_sha256": sha, "cpu": c.cpu_model(), "commit": c.code_commit()}
+    return {"seed": seed, "model_sha256": sha, "cpu": common.cpu_model(),
+            "commit": common.code_commit()}
 
 
 def check_warm(base: str, seed: int, records: str = RATIO_WARM) -> None:
@@ -159,8 +150,7 @@ def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "",
               seeds: Sequence[int] = RATIO_SEEDS) -> None:
     """Warm-start the study's ``seeds`` (once each; `check_warm`), then train every planned run
     of them without a log; ``until``: start no warm start or run past this ISO date-time
-    (`compare.past`)."""
-    c = _compare()
+    (`common.past`)."""
     for name, ov in ratio_planned(seeds).items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
@@ -169,13 +159,13 @@ def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "",
         if dry_run:
             print(name, " ".join(full))
             continue
-        if c.past(until):
+        if common.past(until):
             return
         cmd_warm([seed], base)
         check_warm(base, seed)
-        if c.past(until):
+        if common.past(until):
             return
-        c.run_one(name, full, scratch, CONFIG)
+        common.run_one(name, full, scratch, CONFIG)
 
 
 def render(logs: str = LOGS) -> str:
@@ -183,8 +173,7 @@ def render(logs: str = LOGS) -> str:
     ratio study's ``ratio_<arm>_s<seed>`` (`llada_ratio`; deterministic)."""
     import numpy as np
 
-    c = _compare()
-    load, mean_sd, run_stats, series = c.load, c.mean_sd, c.run_stats, c.series
+    load, mean_sd, run_stats, series = common.load, common.mean_sd, common.run_stats, common.series
 
     runs = {}
     for arm in ARMS:
@@ -208,8 +197,6 @@ def render(logs: str = LOGS) -> str:
            "experiments/llada_arms.py warm`), with the arm's rollout precision and correction "
            "(`run.json` holds each command, wall time and load). Held-out accuracy: 512 "
            "problems, greedy and sampled at T=1 (mean of 4).", ""]
-    import llada_ratio
-
     ratio = llada_ratio.render(logs)
     if not runs:
         return "\n".join([*out, "No runs logged yet.", "", *ratio])
@@ -248,7 +235,7 @@ def render(logs: str = LOGS) -> str:
                 "smallest possible value is 0.25). Holm's correction is over the family of the "
                 f"{len(rows)} rows of this table (the t-test p-values). Nothing here was "
                 "pre-registered: these are exploratory comparisons.", "",
-                *c.paired_table(rows, f"family of {len(rows)}")]
+                *common.paired_table(rows, f"family of {len(rows)}")]
     if os.path.exists(NOTES):
         with open(NOTES) as f:
             out += ["", f.read().rstrip()]

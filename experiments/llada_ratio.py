@@ -17,24 +17,31 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # llada_arms, prereg_tables
-import llada_arms
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common, prereg_tables
+import common
 from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
 
 PREREG = "experiments/prereg/llada_ratio.md"
 NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_ratio_notes.md")
-ARMS = tuple(llada_arms.RATIO_ARMS)  # none null tis_traj ais_traj ais_est
-SEEDS = llada_arms.RATIO_SEEDS
+SEEDS = (5, 6, 7, 8, 9)
+ARM_OVERRIDES = {  # FP8 E4M3 rollouts; run names ratio_<arm>_s<seed> (llada_arms.py ratio)
+    "none": ("rollout.precision=fp8", "ais.mode=none"),
+    "null": ("rollout.precision=fp8", "ais.mode=none", "train.rng_stream=1"),
+    "tis_traj": ("rollout.precision=fp8", "ais.mode=tis", "diffusion.ratio=trajectory"),
+    "ais_traj": ("rollout.precision=fp8", "ais.mode=ais", "diffusion.ratio=trajectory"),
+    "ais_est": ("rollout.precision=fp8", "ais.mode=ais", "diffusion.ratio=estimator"),
+}
+COMMON_OVERRIDES = ("eval.every=50",)
+ARMS = tuple(ARM_OVERRIDES)  # none null tis_traj ais_traj ais_est
 HYPOTHESES = (("H1", "ais_traj", "none"), ("H2", "ais_traj", "ais_est"))
 EVAL_STEPS = (50, 100)  # eval.every=50; step 150 is the final evaluation
 METRICS = (("sampled_accuracy", "sampled"), ("accuracy", "greedy"))
 
 
-def loaded(logs: str = llada_arms.LOGS) -> dict[str, dict]:
-    """Every logged run of the study: ``ratio_<arm>_s<seed>`` -> `compare.load`'s dict."""
-    c = llada_arms._compare()
+def loaded(logs: str = common.LOGS) -> dict[str, dict]:
+    """Every logged run of the study: ``ratio_<arm>_s<seed>`` -> `common.load`'s dict."""
     names = [f"ratio_{a}_s{s}" for s in SEEDS for a in ARMS]
-    return {n: r for n in names if (r := c.load(n, logs)) is not None}
+    return {n: r for n in names if (r := common.load(n, logs)) is not None}
 
 
 def _diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
@@ -77,7 +84,7 @@ def _curves(have: dict[str, dict]) -> list[str]:
     return curves_table(runs, "sampled_accuracy", EVAL_STEPS, 150)
 
 
-def render(logs: str = llada_arms.LOGS, notes: str = NOTES) -> list[str]:
+def render(logs: str = common.LOGS, notes: str = NOTES) -> list[str]:
     """The study's section of docs/results_llada.md (markdown lines) from the logs in ``logs``,
     then the hand-written reading in ``notes`` (when the file exists and the analysis is made)."""
     have = loaded(logs)

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/common.py
+import common  # noqa: E402
 
 CONFIG = "configs/tiny_multiplication.yaml"
 LOGS = os.path.join(ROOT, "experiments", "logs")
@@ -81,19 +83,10 @@ def run_name(setting: str | None, arm: str, seed: int) -> str:
 
 def cmd_warm(seeds: Sequence[int], base: str) -> None:
     """Warm-start each seed's policy once; export it; log the warm start."""
-    from warm_export import warm_export
-
     for seed in seeds:
-        warm_export(CONFIG, seed, warm_dir(base, seed), f"long_warm_s{seed}",
-                    f"python experiments/long_arms.py warm --seeds {seed}", _compare().COMMON)
+        common.warm_export(CONFIG, seed, warm_dir(base, seed), f"long_warm_s{seed}",
+                    f"python experiments/long_arms.py warm --seeds {seed}", common.COMMON)
 
-
-def _compare():
-    """experiments/compare.py (``run_one``, ``load``, ``run_stats``, figures), importable."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import compare
-
-    return compare
 
 
 def planned(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str],
@@ -112,7 +105,7 @@ def planned(seeds: Sequence[int], settings: Sequence[str], arms: Sequence[str],
 
 def _run_all(runs: dict[str, tuple[str, ...]], base: str, scratch: str, dry_run: bool) -> None:
     """Train each run from its seed's warm start (runs with a log are skipped)."""
-    run_one = _compare().run_one
+    run_one = common.run_one
     for name, ov in runs.items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
@@ -175,10 +168,9 @@ FIRST_SEEDS = (0, 1, 2, 3, 4)
 
 
 def _loaded() -> dict[str, dict]:
-    """Every logged run of the first study (seeds 0-4): name -> compare.load(name)."""
-    c = _compare()
+    """Every logged run of the first study (seeds 0-4): name -> common.load(name)."""
     names = planned(FIRST_SEEDS, tuple(SETTINGS), tuple(ARMS))
-    return {n: r for n in names if (r := c.load(n)) is not None}
+    return {n: r for n in names if (r := common.load(n)) is not None}
 
 
 def _warm_logs() -> dict[int, dict]:
@@ -195,24 +187,23 @@ def _warm_logs() -> dict[int, dict]:
 def _stats(run: dict) -> dict:
     import numpy as np
 
-    c = _compare()
-    st = c.run_stats(run)
+    st = common.run_stats(run)
     n = len(run["rows"])
     k = max(1, n // 5)
-    ln = c.series(run, "response_len")
+    ln = common.series(run, "response_len")
     st.update(len_first=float(np.mean(ln[:k])), len_last=float(np.mean(ln[-k:])),
-              ess_early=float(np.mean(c.series(run, "ess_ratio")[:k])),
-              ess_late=float(np.mean(c.series(run, "ess_ratio")[-k:])),
-              ess_min=float(np.min(c.series(run, "ess_ratio"))),
-              seq_sd=float(np.mean(c.series(run, "seq_log_ratio_std"))),
-              dropped=float(np.mean(c.series(run, "dropped_seq_frac"))))
+              ess_early=float(np.mean(common.series(run, "ess_ratio")[:k])),
+              ess_late=float(np.mean(common.series(run, "ess_ratio")[-k:])),
+              ess_min=float(np.min(common.series(run, "ess_ratio"))),
+              seq_sd=float(np.mean(common.series(run, "seq_log_ratio_std"))),
+              dropped=float(np.mean(common.series(run, "dropped_seq_frac"))))
     return st
 
 
 def _paired_rows(have: dict[str, dict], label: str, arm_of, base_of,
                  seeds: Sequence[int]) -> list[tuple[str, str, list[int], list[float]]]:
     """Held-out greedy / sampled accuracy after GRPO, arm minus base, per seed (the rows of
-    `compare.paired_table`); none when no seed has both runs."""
+    `common.paired_table`); none when no seed has both runs."""
     seeds = [s for s in seeds if arm_of(s) in have and base_of(s) in have]
     if not seeds:
         return []
@@ -259,7 +250,6 @@ def _mismatch_table() -> list[str]:
 
 def render(figures: str) -> list[str]:
     """The long-response section of docs/results.md (markdown lines) and its figures."""
-    c = _compare()
     have = _loaded()
     warm = _warm_logs()
     out = ["## The long-response setting (multiplication with a written scratchpad)", "",
@@ -325,7 +315,7 @@ def render(figures: str) -> list[str]:
         st = [_stats(run) for _, run in g]
         digits = {"wall_s": 0, "len_first": 1, "len_last": 1, "d_bar": 4, "ess_early": 4,
                   "ess_late": 4, "ess_min": 4}
-        cells = [c.mean_sd([x[k] for x in st], digits.get(k, 3)) for k, _ in cols]
+        cells = [common.mean_sd([x[k] for x in st], digits.get(k, 3)) for k, _ in cols]
         out.append(f"| {label} | {','.join(str(sd) for sd, _ in g)} | " + " | ".join(cells)
                    + " |")
     rows = []
@@ -359,7 +349,7 @@ def render(figures: str) -> list[str]:
             "seeds 0-2, so the table is exploratory and its p-values are optimistic. The "
             "pre-registered test of the two main claims is the replication on seeds 5-9 "
             "(`experiments/prereg/long_replication.md`), reported separately.", "",
-            *_compare().paired_table(rows, f"family of {len(rows)}")]
+            *common.paired_table(rows, f"family of {len(rows)}")]
     out.append("")
     os.makedirs(figures, exist_ok=True)
     curves = {label: [run for _, run in g] for label, g in groups.items()}
@@ -372,12 +362,12 @@ def render(figures: str) -> list[str]:
              "response_len"),
             ("long_reward.png", "Training reward (10-step mean)", "reward", "reward_mean"))
     for fname, title, ylabel, key in figs:
-        if c.figure(os.path.join(figures, fname), title, ylabel, curves, key):
+        if common.figure(os.path.join(figures, fname), title, ylabel, curves, key):
             out += [f"![{key}](figures/{fname})", ""]
     for label, g in groups.items():
         if label.endswith(" ais"):
             fname = f"long_alpha_{label.split()[0]}.png"
-            c._alpha_figure(os.path.join(figures, fname),
+            common.alpha_figure(os.path.join(figures, fname),
                             f"AIS alpha and its parts ({label}, seed mean)", [x for _, x in g])
             out += [f"![alpha {label}](figures/{fname})", ""]
     wall = sum(x["meta"]["wall_s"] for x in have.values())

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/common.py
+import common  # noqa: E402
 
 CONFIG = "configs/tiny_arithmetic.yaml"
 LOGS = os.path.join(ROOT, "experiments", "logs")
@@ -43,13 +45,6 @@ ARMS = {
 FROM_WARM = ("sft.steps=0", "sft.target_accuracy=0", "train.remat=none", "model.kind=ar")
 
 
-def _compare():
-    """experiments/compare.py (``run_one``, ``COMMON``), importable."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import compare
-
-    return compare
-
 
 def warm_dir(base: str, seed: int) -> str:
     return os.path.join(ROOT, base, f"lora_warm_s{seed}")
@@ -57,15 +52,13 @@ def warm_dir(base: str, seed: int) -> str:
 
 def cmd_warm(seeds: Sequence[int], base: str) -> None:
     """Warm-start each seed's policy with the default's SFT; export it; log the warm start."""
-    from warm_export import warm_export
-
     for seed in seeds:
-        warm_export(CONFIG, seed, warm_dir(base, seed), f"lora_warm_s{seed}",
-                    f"python experiments/lora_arms.py warm --seeds {seed}", _compare().COMMON)
+        common.warm_export(CONFIG, seed, warm_dir(base, seed), f"lora_warm_s{seed}",
+                    f"python experiments/lora_arms.py warm --seeds {seed}", common.COMMON)
 
 
 def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str) -> None:
-    run_one = _compare().run_one
+    run_one = common.run_one
     for seed in seeds:
         for arm in arms:
             name = f"lora_{arm}_s{seed}"

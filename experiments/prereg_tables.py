@@ -41,7 +41,7 @@ def mean_sd(xs: Sequence[float]) -> str:
 
 
 def eval_curve(run: dict, key: str, steps: Sequence[int]) -> list[float]:
-    """Held-out ``key`` of a run (`compare.load`'s dict) before GRPO, at each of ``steps``
+    """Held-out ``key`` of a run (`common.load`'s dict) before GRPO, at each of ``steps``
     (its ``eval_<key>`` rows) and after GRPO."""
     by_step = {r["step"]: r for r in run["rows"] if f"eval_{key}" in r}
     s = run["summary"]

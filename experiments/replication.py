@@ -18,7 +18,8 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # long_arms, prereg_tables
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common, long_arms, prereg_tables
+import common
 import long_arms
 from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
 
@@ -30,10 +31,9 @@ EVAL_STEPS = (20, 40, 60)  # eval.every=20; step 80 is the final evaluation
 
 
 def loaded() -> dict[str, dict]:
-    """Every logged replication run: ``rep_<arm>_s<seed>`` -> `compare.load`'s dict."""
-    c = long_arms._compare()
+    """Every logged replication run: ``rep_<arm>_s<seed>`` -> `common.load`'s dict."""
     names = [f"rep_{a}_s{s}" for s in SEEDS for a in ARMS]
-    return {n: r for n in names if (r := c.load(n)) is not None}
+    return {n: r for n in names if (r := common.load(n)) is not None}
 
 
 def _warm(seed: int) -> dict | None:

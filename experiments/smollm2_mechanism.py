@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/common.py
+import common  # noqa: E402
 
 CONFIG = "configs/smollm2_sums.yaml"
 PREREG = "experiments/prereg/smollm2_mechanism.md"
@@ -76,27 +78,20 @@ def planned(seeds: Sequence[int], arms: Sequence[str]) -> dict[str, tuple[str, .
             for seed in seeds for arm in arms}
 
 
-def _compare():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import compare
-
-    return compare
-
 
 def cmd_run(seeds: Sequence[int], arms: Sequence[str], scratch: str, dry_run: bool,
             until: str = "") -> None:
     """Train every planned run without a log, in order; ``until``: start none past this ISO
-    date-time (`compare.past`)."""
-    c = _compare()
+    date-time (`common.past`)."""
     for name, ov in planned(seeds, arms).items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
             continue
         if dry_run:
             print(name, " ".join(ov))
-        elif c.past(until):
+        elif common.past(until):
             return
         else:
-            c.run_one(name, ov, scratch, CONFIG)
+            common.run_one(name, ov, scratch, CONFIG)
 
 
 # --------------------------------------------------------------------- report
@@ -116,8 +111,7 @@ def _curve(run: dict, key: str) -> list[float]:
 
 def render() -> list[str]:
     """The SmolLM2 section of docs/results.md (markdown lines)."""
-    c = _compare()
-    runs = {n: r for n in planned(SEEDS, tuple(ARMS)) if (r := c.load(n)) is not None}
+    runs = {n: r for n in planned(SEEDS, tuple(ARMS)) if (r := common.load(n)) is not None}
     out = ["## A pretrained model: SmolLM2-135M-Instruct with FP8 E4M3 rollouts", "",
            f"Pre-registered in [{PREREG}](../{PREREG}). Config `{CONFIG}`: one-digit sums as "
            "chat questions (60 train, 40 held-out, disjoint), 40 GRPO steps x 8 prompts x G=4 at "

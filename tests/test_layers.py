@@ -1,5 +1,8 @@
 """The package's layers: no import circles, and no import from a higher layer into a lower one.
 
+The script folders beside the package (``experiments/``, ``benchmarks/``: modules run as scripts
+that import each other by bare name) are checked for import circles by the same walk.
+
 The layers are declared once, here (docs/architecture.md explains them): each folder of
 ``ais_jax/`` is one layer, and a layer may import only the layers it lists. Imports are read from
 the source with `ast` (module-level, function-level and ``TYPE_CHECKING`` imports alike), so the
@@ -102,6 +105,18 @@ def violations(package_dir: str = PACKAGE) -> list[str]:
     return out
 
 
+def script_circles(folder: str) -> list[str]:
+    """The import circles among the scripts of ``folder`` (each ``NAME.py`` is module ``NAME``,
+    imported by bare name with the folder on ``sys.path``), as readable lines."""
+    known = {f[:-3]: os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py")}
+    graph = {m: imports_of(m, p, known) for m, p in known.items()}
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        return [f"{os.path.basename(folder)}/: import circle: " + " -> ".join(e.args[1])]
+    return []
+
+
 def test_layer_declaration_is_acyclic():
     order = list(TopologicalSorter({k: set(v) for k, v in LAYERS.items()}).static_order())
     assert order.index("core") == 0 and order[-1] == "entry"
@@ -145,3 +160,19 @@ def test_the_check_fails_on_an_upward_import_or_a_circle(tmp_path, bad, expected
     (pkg / "training" / "build.py").write_text("from ais_jax.models.model import layout\n")
     found = violations(str(pkg))
     assert any(expected in v for v in found), found
+
+
+@pytest.mark.parametrize("folder", ["experiments", "benchmarks"])
+def test_script_folders_have_no_import_circles(folder):
+    assert script_circles(os.path.join(ROOT, folder)) == []
+
+
+def test_the_script_check_fails_on_a_circle(tmp_path):
+    # function-level imports count too: the drivers import each other lazily
+    (tmp_path / "common.py").write_text("import json\n")
+    (tmp_path / "driver.py").write_text("import common\nimport report\n")
+    (tmp_path / "report.py").write_text("def f():\n    from driver import x\n")
+    assert script_circles(str(tmp_path)) != []
+    assert "driver" in script_circles(str(tmp_path))[0]
+    (tmp_path / "report.py").write_text("import common\n")
+    assert script_circles(str(tmp_path)) == []

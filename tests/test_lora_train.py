@@ -135,6 +135,61 @@ def test_adapter_of_other_shapes_is_refused(tmp_path, capsys):
     assert "lora.rank=8" in line
 
 
+def _rslora_adapter(tmp_path):
+    """A PEFT rsLoRA adapter (rank 4, alpha 8: scale 8 / sqrt(4) = 4, not 8 / 4 = 2) for the
+    tiny model, with random non-zero A and B; returns its directory and its adapters."""
+    tiny = build_run(load_config(None, [*TINY_RUN, f"out_dir={tmp_path / 'b'}"])).model_cfg
+    rs = lora.LoraConfig(rank=4, alpha=8.0, rslora=True)
+    a = lora.init_adapters(jax.random.key(1), tiny, rs)
+    a = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(2), x.shape), a)
+    save_peft_adapter(a, rs, tiny, tmp_path / "rs")
+    assert json.loads((tmp_path / "rs" / "adapter_config.json").read_text())["use_rslora"]
+    return tmp_path / "rs", a
+
+
+def test_rslora_adapter_needs_lora_rslora_and_the_line_names_it(tmp_path, capsys):
+    path, _ = _rslora_adapter(tmp_path)
+    line = _error([f"out_dir={tmp_path / 'run'}", *TINY_RUN, *LORA, f"model.adapter={path}"],
+                  capsys)
+    assert "lora.rslora: adapter true, config false" in line and "set lora.rslora=true" in line
+    assert "lora.rank" not in line and "lora.alpha" not in line  # those agree
+    # rank and rslora both differ: both named, both fixed
+    line = _error([f"out_dir={tmp_path / 'run2'}", *TINY_RUN, "lora.rank=2", "lora.alpha=8",
+                   f"model.adapter={path}"], capsys)
+    assert "lora.rank: adapter 4, config 2" in line and "lora.rslora=true" in line
+
+
+@pytest.mark.slow  # one build and one short CLI run: ~65 s on 2 shared cores
+def test_rslora_adapter_round_trips_through_model_adapter_and_final(tmp_path, capsys):
+    """An rsLoRA adapter starts a run exactly (``model.adapter`` + ``lora.rslora=true``) and
+    comes back out of ``final/adapter/`` as rsLoRA, merged at alpha / sqrt(r)."""
+    from ais_jax import load_pretrained
+
+    path, a = _rslora_adapter(tmp_path)
+    out, rw = tmp_path / "run", tmp_path / "rw.py"
+    rw.write_text("def fn(c, p, row):\n    return float(sum(map(ord, c)) % 7)\n")
+    over = [f"out_dir={out}", *TINY_RUN, "rollout.group_size=2", "train.steps=1",
+            "train.learning_rate=0.01", f"reward.functions={{r: {rw}:fn}}", *LORA,
+            "lora.rslora=true", f"model.adapter={path}"]
+    r = build_run(load_config(None, over))
+    assert r.lora.cfg.rslora and r.lora.cfg.scale == 4.0
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(r.state.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # started exactly there
+    assert train.main(over) == 0, capsys.readouterr().err
+    final = out / "final"
+    conf = json.loads((final / "adapter" / "adapter_config.json").read_text())
+    assert conf["use_rslora"] is True and conf["r"] == 4 and conf["lora_alpha"] == 8
+    params, mcfg = load_pretrained(final, dtype=jnp.float32)
+    adapters, lcfg = load_peft_adapter(final / "adapter", mcfg)
+    assert lcfg.rslora and lcfg.scale == 4.0
+    want = lora.merge(r.lora.base, adapters, lcfg)  # merged at scale 4
+    plain = lora.merge(r.lora.base, adapters, lora.LoraConfig(rank=4, alpha=8.0))  # scale 2
+    for name in lcfg.targets:
+        got = np.asarray(params["layers"][name])
+        np.testing.assert_array_equal(got, np.asarray(want["layers"][name], np.float32))
+        assert not np.array_equal(got, np.asarray(plain["layers"][name], np.float32))
+
+
 @pytest.mark.slow  # three short CLI runs with a warm start: ~20-45 s on 2 cores
 def test_lora_resume_restores_the_warm_started_base(tmp_path):
     """A scratch model's warm-started base is saved with the checkpoints: a run stopped after

@@ -62,12 +62,14 @@ def test_exported_adapter_loads_in_peft_with_the_same_logits(tmp_path, case, lor
     jax.tree.map(np.testing.assert_array_equal, back, a)
 
 
-@pytest.mark.parametrize("case, targets", [
+@pytest.mark.parametrize("case, targets, rslora", [
     ("qwen3_qk_norm", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                       "down_proj"]),
-    ("llama_untied_mha_biases", ["self_attn.k_proj", "o_proj", "up_proj"]),
+                       "down_proj"], False),
+    ("llama_untied_mha_biases", ["self_attn.k_proj", "o_proj", "up_proj"], False),
+    # rsLoRA: PEFT scales by alpha / sqrt(r) = 6 here, not alpha / r = 3
+    ("llama_untied_mha_biases", ["q_proj", "v_proj", "down_proj"], True),
 ])
-def test_peft_made_adapter_loads_with_the_same_logits(tmp_path, case, targets):
+def test_peft_made_adapter_loads_with_the_same_logits(tmp_path, case, targets, rslora):
     hf, path = _make_hf(tmp_path, case)
     params, cfg = load_pretrained(path, dtype=jnp.float32)
     tokens, mask = _batch(cfg.vocab_size, seed=2)
@@ -75,14 +77,15 @@ def test_peft_made_adapter_loads_with_the_same_logits(tmp_path, case, targets):
     torch.manual_seed(0)
     pm = peft.get_peft_model(hf, peft.LoraConfig(
         r=4, lora_alpha=12, lora_dropout=0.05, target_modules=targets, task_type="CAUSAL_LM",
-        init_lora_weights=False)).eval()  # random non-zero B
+        init_lora_weights=False, use_rslora=rslora)).eval()  # random non-zero B
     out = tmp_path / "peft_adapter"
     pm.save_pretrained(out)
     ref = _hf_logits(pm, tokens, mask)
     assert np.abs(ref - base_logits).max() > 0.1
     a, lora_cfg = peft_io.load_peft_adapter(out, cfg)
     assert (lora_cfg.rank, lora_cfg.alpha, lora_cfg.dropout, lora_cfg.rslora) == (4, 12, 0.05,
-                                                                                  False)
+                                                                                  rslora)
+    assert lora_cfg.scale == (6.0 if rslora else 3.0)
     want = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo", "gate_proj": "w_gate",
             "up_proj": "w_up", "down_proj": "w_down"}
     assert set(lora_cfg.targets) == {want[t.rpartition(".")[2]] for t in targets}

@@ -21,6 +21,10 @@ def _compare():
     return _experiment("compare")
 
 
+def _common():
+    return _experiment("common")
+
+
 def test_results_md_regenerates_from_logs(tmp_path):
     compare = _compare()
     if not os.path.isdir(compare.LOGS):
@@ -38,7 +42,7 @@ def test_results_md_regenerates_from_logs(tmp_path):
 
 
 def test_steps_to_threshold_and_mean_sd():
-    compare = _compare()
+    compare = _common()
     rows = [{"step": i + 1, "reward_mean": r} for i, r in enumerate([0.0] * 9 + [1.0] * 20)]
     run = {"rows": rows}
     # 10-step mean first reaches 0.7 when 7 of the last 10 are 1.0: step 16
@@ -55,7 +59,7 @@ def test_llada_results_md_regenerates_from_logs():
 
 
 def test_paired_table_t_interval_sign_flip_and_holm():
-    mod = _compare()
+    mod = _common()
     rows = [("a − b", "greedy", [0, 1, 2], [1.0, 2.0, 3.0]),
             ("c − b", "sampled", [0, 1, 2, 3, 4], [0.5, 0.5, 0.5, 0.5, -1.0])]
     lines = mod.paired_table(rows, "family of 2")
@@ -132,7 +136,7 @@ def test_long_arms_grid_names_and_overrides():
 
 
 def test_drivers_start_nothing_past_until(capsys):
-    compare = _compare()
+    compare = _common()
     assert compare.past("") is False and compare.past("2999-01-01T00:00") is False
     assert compare.past("2000-01-01T00:00") is True
     assert "no new run started" in capsys.readouterr().out
@@ -230,11 +234,11 @@ def test_ratio_study_section_known_answers(tmp_path):
 
 
 def test_run_json_records_the_code_commit():
-    """compare.code_commit: HEAD's 40-hex id (+dirty when ais_jax/ has uncommitted changes)
+    """common.code_commit: HEAD's 40-hex id (+dirty when ais_jax/ has uncommitted changes)
     inside a git checkout, None outside one."""
     import re
 
-    c = _compare().code_commit()
+    c = _common().code_commit()
     if os.path.exists(os.path.join(ROOT, ".git")):
         assert c is not None and re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", c), c
     else:

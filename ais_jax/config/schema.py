@@ -168,7 +168,8 @@ class LoraSection:
     """LoRA adapters trained in place of the full model (ais_jax.models.lora)."""
 
     rank: int = 0  # adapter rank r; 0 = off (full fine-tuning)
-    alpha: float = 16.0  # the update is scaled by alpha / rank
+    alpha: float = 16.0  # the update is scaled by alpha / rank (alpha / sqrt(rank) with rslora)
+    rslora: bool = False  # rank-stabilized scaling alpha / sqrt(rank) (PEFT's use_rslora)
     targets: str = "all"  # adapted linears: all, or a comma list of wq,wk,wv,wo,w_gate,w_up,w_down
     dropout: float = 0.0  # adapter-input dropout, [0, 1); only in the update's loss forward
 

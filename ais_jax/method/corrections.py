@@ -36,9 +36,11 @@ its sequence has ``S_b = -inf``, i.e. sequence ratio 0: weight 0 in
 valid position propagates into the weights (except mode ``none``) and the
 statistics; ``logp_rollout`` of a sampled token must be finite.
 
-The sequence log-ratio.  ``S_b`` is the exact float32 sum of the valid tokens'
-log-ratios (masked positions are selected away, so NaN / Inf there never
-leak); no token is capped before the sum, so a row ``[+100, -90]`` has
+The sequence log-ratio.  ``S_b`` is the float32 sum of the valid tokens'
+log-ratios, a ``jnp.sum`` reduction (float32 rounding, in the order XLA chooses:
+it may differ from a sequential or float64 sum in the last bits); masked
+positions are selected away, so NaN / Inf there never leak; no token is capped
+before the sum, so a row ``[+100, -90]`` has
 ``S_b = 10``.  The masks compare this ``S_b`` (``seq_mask``: ``S_b > log C``,
 ``geo_mask``: ``|S_b / n_b|``); the weights take ``exp(min(S_b, 87))``
 (`LOG_RATIO_BOUND`), which cannot overflow, so ``seq_mask`` keeps

@@ -51,7 +51,7 @@ def lora_config(cfg: Config) -> lora.LoraConfig | None:
     lo = cfg.lora
     if lo.rank == 0:
         return None
-    return lora.LoraConfig(lo.rank, lo.alpha, lora_targets(lo.targets), lo.dropout)
+    return lora.LoraConfig(lo.rank, lo.alpha, lora_targets(lo.targets), lo.dropout, lo.rslora)
 
 
 def adapter_shardings(adapters: Any, lora_cfg: lora.LoraConfig, mesh: Mesh) -> Any:
@@ -120,12 +120,36 @@ def initial_adapters(cfg: Config, model_cfg: Any, lora_cfg: lora.LoraConfig) -> 
     from ais_jax.models.peft_io import load_peft_adapter
 
     adapters, got = load_peft_adapter(cfg.model.adapter, model_cfg, jnp.float32)
-    if (got.rank, got.targets, got.scale) != (lora_cfg.rank, lora_cfg.targets, lora_cfg.scale):
-        raise UsageError(f"model.adapter {cfg.model.adapter} has rank {got.rank}, alpha "
-                         f"{got.alpha:g} and targets {','.join(got.targets)}; set lora.rank="
-                         f"{got.rank} lora.alpha={got.alpha:g} lora.targets="
-                         f"{','.join(got.targets)}")
+    differ = adapter_mismatch(got, lora_cfg)
+    if differ:
+        raise UsageError(f"model.adapter {cfg.model.adapter} was trained with other LoRA "
+                         f"settings ({'; '.join(d for d, _ in differ)}); set "
+                         f"{' '.join(fix for _, fix in differ)}")
     return adapters
+
+
+ADAPTER_KEYS = ("rank", "alpha", "rslora", "targets")  # must match; dropout may differ
+
+
+def _as_override(v: object) -> str:
+    """A lora setting as a config override writes it (``true``, ``8``, ``wq,wv``)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, tuple):
+        return ",".join(v)
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def adapter_mismatch(got: lora.LoraConfig, want: lora.LoraConfig) -> list[tuple[str, str]]:
+    """Each setting of `ADAPTER_KEYS` in which an adapter's file (``got``) differs from the
+    run's lora section (``want``): ``("lora.KEY: adapter X, config Y", "lora.KEY=X")``, the
+    difference and its fix; empty when they agree."""
+    out = []
+    for key in ADAPTER_KEYS:
+        a, b = _as_override(getattr(got, key)), _as_override(getattr(want, key))
+        if getattr(got, key) != getattr(want, key):
+            out.append((f"lora.{key}: adapter {a}, config {b}", f"lora.{key}={a}"))
+    return out
 
 
 def view(base: Any, lora_cfg: lora.LoraConfig) -> Any:

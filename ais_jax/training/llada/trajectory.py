@@ -12,8 +12,11 @@ vocabulary excluded; ``log_softmax(logits / T)``, raw ``log_softmax`` at ``T = 0
 
 Run with the FP8 copy that sampled, it reproduces the recorded log-probs; run
 with the trainer's params, ``exp(trainer - recorded)`` per revealed token is the
-importance ratio of the trajectory that actually happened (``diffusion.ratio:
-trajectory``, docs/llada.md "Two ratios").  Unlike d1's one-step estimate
+ratio of the revealed tokens' probabilities given the reveal order (``diffusion.ratio:
+trajectory``, docs/llada.md "Two ratios").  It is not the whole trajectory's importance
+ratio: with ``remasking: low_confidence`` the policy also decides which positions are
+revealed, and that selection term is not included (with ``remasking: random`` the
+selection does not depend on the policy, so nothing is left out).  Unlike d1's one-step estimate
 (`ais_jax.training.llada.estimator`), each token is predicted given the tokens
 revealed before it.  Cost: ``steps`` forwards of all ``R`` rows (one per step,
 each on the ``R`` canvases of that step, as in the sampler, so an FP8 copy's
