@@ -60,3 +60,99 @@ def test_row5_reader_errors_cli_exit_2(tmp_path):
                      str(path), "line 1 column 8")
     _one_line_exit_2(_run("ais_jax.train", "--print-config", "seed=\x01"),
                      "override 'seed=\\x01'", "line 1 column 1")
+
+
+# ----------------------------------------------------------------------------- rows 4 and 3
+
+H = "99999999999999999999999"
+MIN = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+       "model.head_dim=16", "model.intermediate_size=64", "sft.steps=0", "sft.target_accuracy=0",
+       "task.eval_size=4", "eval.num_samples=1", "rollout.prompts_per_step=2",
+       "rollout.group_size=2", "train.steps=2", "checkpoint.every=1", "log.tensorboard=false",
+       "log.progress=false"]
+
+
+@pytest.mark.parametrize("override", [
+    f"train.warmup_steps={H}", f"train.rng_stream={H}", f"eval.num_samples={H}",
+    f"train.epochs={H}", f"task.eval_size={H}", f"sft.batch_size={H}", "train.steps=2147483648",
+    "checkpoint.every=2147483648", "mesh.data=2147483648",
+])
+def test_row4_int_keys_outside_int32_are_refused(override):
+    with pytest.raises(UsageError, match="outside the int32 range"):
+        load_config(TINY, [*MIN, override])
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rollout.prompts_per_step=65536", "rollout.group_size=65536"], "rows of an RL step"),
+    (["rollout.prompts_per_step=4096", "rollout.group_size=4096", "rollout.max_new_tokens=256",
+      "train.minibatches=1"], "tokens of an RL step"),
+    (["task.eval_size=100000", "eval.num_samples=100000"], "evaluation samples"),
+    (["train.steps=100000", "train.epochs=100000"], "optimizer updates"),
+])
+def test_row4_int32_products_are_refused(overrides, needle):
+    with pytest.raises(UsageError, match=needle):
+        load_config(TINY, [*MIN, *overrides])
+
+
+def test_row4_cli_exit_2_before_any_work(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}",
+                f"train.warmup_steps={H}")
+    _one_line_exit_2(proc, "train.warmup_steps", "int32")
+    assert not out.exists()  # no checkpoint 0, nothing written
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["task.eval_size=2000000000"], "task.eval_size or eval.num_samples"),
+    (["sft.steps=1", "sft.batch_size=2000000000"], "sft.batch_size"),
+    (["sft.steps=50", "sft.target_accuracy=0.5", "sft.check_size=2000000000"], "sft.check_size"),
+    (["rollout.prompts_per_step=50000", "rollout.group_size=5000"], "rows of an RL step"),
+    (["model.hidden_size=65536", "model.intermediate_size=65536", "model.num_layers=64"],
+     "scratch-model parameters"),
+])
+def test_row3_sizes_against_memory(overrides, needle):
+    from ais_jax.config.bounds import check_host_memory
+
+    cfg = load_config(TINY, [*MIN, *overrides])
+    with pytest.raises(UsageError, match=needle) as e:
+        check_host_memory(cfg, memory=16 * 2**30)
+    assert "16 GiB of memory" in str(e.value)
+    check_host_memory(load_config(TINY, MIN), memory=16 * 2**30)  # the tiny run fits
+
+
+def test_row3_sft_keys_unused_when_sft_is_off():
+    from ais_jax.config.bounds import check_host_memory
+
+    check_host_memory(load_config(TINY, [*MIN, "sft.batch_size=2000000000"]), memory=2**30)
+
+
+def test_row3_cli_refuses_an_eval_size_beyond_memory_fast(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}",
+                "task.eval_size=2147483647", timeout=60)
+    _one_line_exit_2(proc, "task.eval_size", "of memory")
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 8
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("ais.gamma=1e-300", "below float32's smallest normal"),
+    ("ais.delta=1e-39", "below float32's smallest normal"),
+    ("ais.eps=1e300", "not finite in float32"),
+    ("train.clip_norm=1e300", "not finite in float32"),
+    ("train.learning_rate=1e-320", "below float32's smallest normal"),
+    ("reward.timeout_s=1e39", "not finite in float32"),
+])
+def test_row8_float_keys_checked_in_float32(override, needle):
+    with pytest.raises(UsageError, match=needle):
+        load_config(TINY, [*MIN, override])
+
+
+def test_row8_lora_alpha_refused_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}", "lora.rank=4",
+                "lora.alpha=1e308")
+    _one_line_exit_2(proc, "lora.alpha", "float32")
+    assert not out.exists()
