@@ -156,3 +156,31 @@ def test_row8_lora_alpha_refused_before_the_run(tmp_path):
                 "lora.alpha=1e308")
     _one_line_exit_2(proc, "lora.alpha", "float32")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 7
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rollout.prompts_per_step=99999999999"], "rollout.prompts_per_step=99999999999 is outside"),
+    (["model.hidden_size=99999999", "model.num_layers=999999"], "fits in no sharding"),
+    (["rollout.max_new_tokens=2048", "rollout.prompts_per_step=4096", "rollout.group_size=64",
+      "train.minibatches=1"], "the KV cache [L=3, 2, rows=262144, S=2304"),
+])
+def test_row7_plan_validates_sizes_before_tracing(overrides, needle):
+    proc = _run("ais_jax.plan", "--config", TINY, *overrides, "--devices", "1", timeout=60)
+    _one_line_exit_2(proc, needle)
+
+
+def test_row7_plan_sizes_in_process():
+    from ais_jax.run.plan import check_plan_sizes, load_plan_config, resolve_model_config
+
+    cfg = load_plan_config(TINY, ["model.hidden_size=65536", "model.intermediate_size=65536",
+                                  "model.num_layers=4096"])
+    model_cfg = resolve_model_config(cfg)[0]
+    with pytest.raises(UsageError, match=r"stacked MLP weights \[L=4096, D=65536, F=65536\]"):
+        check_plan_sizes(cfg, model_cfg, 256, 8, 80 * 10**9)
+    check_plan_sizes(cfg, model_cfg, 256, 8, 4 * 10**12)  # 32 TB: the weights fit, sharded
+    cfg = load_plan_config(TINY, [])
+    check_plan_sizes(cfg, resolve_model_config(cfg)[0], 256, 1, 80 * 10**9)  # the tiny run
+
