@@ -184,3 +184,29 @@ def test_row7_plan_sizes_in_process():
     cfg = load_plan_config(TINY, [])
     check_plan_sizes(cfg, resolve_model_config(cfg)[0], 256, 1, 80 * 10**9)  # the tiny run
 
+
+# ----------------------------------------------------------------------------- row 9
+
+
+@pytest.mark.parametrize("flags,needle", [
+    ("--xla_bogus_flag=1", "Unknown flag in XLA_FLAGS: --xla_bogus_flag=1"),
+    ("garbage", "'garbage' is not a flag"),
+    ("--xla_cpu_enable_fast_math=maybe", "Couldn't interpret value maybe"),
+])
+def test_row9_xla_flags_refused_in_one_line(flags, needle):
+    from ais_jax.config.schema import RuntimeSection
+    from ais_jax.run.runtime import check_xla_flags
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    with pytest.raises(UsageError, match="runtime.xla_flags") as e:
+        check_xla_flags(RuntimeSection(xla_flags=flags), env)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    check_xla_flags(RuntimeSection(xla_flags="--xla_cpu_enable_fast_math=false"), env)
+
+
+def test_row9_cli_exit_2_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}",
+                "runtime.xla_flags=--xla_bogus_flag=1")
+    _one_line_exit_2(proc, "--xla_bogus_flag=1")
+    assert not out.exists()
