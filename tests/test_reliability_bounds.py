@@ -198,7 +198,7 @@ def test_row9_xla_flags_refused_in_one_line(flags, needle):
     from ais_jax.run.runtime import check_xla_flags
 
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    with pytest.raises(UsageError, match="runtime.xla_flags") as e:
+    with pytest.raises(UsageError, match=r"runtime\.xla_flags") as e:
         check_xla_flags(RuntimeSection(xla_flags=flags), env)
     assert needle in str(e.value) and "\n" not in str(e.value)
     check_xla_flags(RuntimeSection(xla_flags="--xla_cpu_enable_fast_math=false"), env)
