@@ -210,3 +210,75 @@ def test_row9_cli_exit_2_before_the_run(tmp_path):
                 "runtime.xla_flags=--xla_bogus_flag=1")
     _one_line_exit_2(proc, "--xla_bogus_flag=1")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 14
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0), (0, 0)])
+def test_row14_zero_size_inputs_give_alpha_0_weights_1(shape):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import CORRECTION_MODES, correction_weights
+
+    z, zm = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, bool)
+    r = jax.jit(ais_coefficient)(z, z, z, zm)
+    assert float(r.alpha) == 0.0 and float(r.num_valid) == 0.0 and r.weights.shape == shape
+    for mode in CORRECTION_MODES:
+        c = jax.jit(lambda a, b, d, m, mode=mode: correction_weights(a, b, d, m, mode=mode))(
+            z, z, z, zm)
+        assert c.weights.shape == c.advantages.shape == shape, mode
+        stats = {k: float(v) for k, v in c.stats().items()}
+        assert all(np.isfinite(list(stats.values()))), (mode, stats)
+        assert stats["num_valid"] == 0.0, mode
+
+
+def test_row14_all_masked_gives_alpha_0_weights_1():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import correction_weights
+
+    lt = jnp.asarray([[-1.0, 3.0], [0.5, -9.0]])
+    lr, adv, mask = jnp.zeros((2, 2)), jnp.ones((2, 2)), jnp.zeros((2, 2), bool)
+    r = ais_coefficient(lt, lr, adv, mask)
+    assert float(r.alpha) == 0.0 and np.all(np.asarray(r.weights) == 1.0)
+    c = correction_weights(lt, lr, adv, mask, mode="tis")
+    assert np.all(np.asarray(c.advantages) == 0.0)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"use_ess": "no"}, "use_ess='no' must be a bool"),
+    ({"use_mis": 0}, "use_mis=0 must be a bool"),
+    ({"use_var": None}, "use_var=None must be a bool"),
+])
+def test_row14_non_bool_flags_refused(kwargs, needle):
+    import jax.numpy as jnp
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import correction_weights
+
+    x, m = jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
+    with pytest.raises(ValueError, match=f"ais_coefficient: {needle}"):
+        ais_coefficient(x, x, x, m, **kwargs)
+    with pytest.raises(ValueError, match=f"correction_weights: {needle}"):
+        correction_weights(x, x, x, m, **kwargs)
+
+
+def test_row14_mask_of_strings_is_a_value_error():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import correction_weights
+
+    x = jnp.zeros((1, 2))
+    for mask in (np.array([["a", "b"]]), [["a", "b"]]):
+        with pytest.raises(ValueError, match="ais_coefficient: mask must be a bool or numeric"):
+            ais_coefficient(x, x, x, mask)
+        with pytest.raises(ValueError, match="correction_weights: mask must be a bool or numer"):
+            correction_weights(x, x, x, mask)
