@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ais_jax.config.bounds import check_numeric_bounds
 from ais_jax.config.schema import CHOICES, SKIP_PATH_CHECK_ENV, SPECIAL_SOURCES
 from ais_jax.core.errors import UsageError
 from ais_jax.core.safe_yaml import clip
@@ -301,6 +302,7 @@ def validate_config(cfg: Config) -> None:
     check_lora(cfg)
     if cfg.model.kind == "llada":
         check_diffusion(cfg)
+    check_numeric_bounds(cfg)  # int32 / float32 ranges (after the keys' own, clearer, rules)
     from ais_jax.tasks import check_task_settings  # light: imports no jax
 
     check_task_settings(cfg.task.name, dict(cfg.task.difficulty), cfg.sft.mistake_rate)

@@ -115,11 +115,27 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:float", _bounded_number("const
 
 
 class YAMLInputError(UsageError):
-    """Unreadable or out-of-bounds YAML; ``line`` (1-based, or None) and ``problem`` (one line)."""
+    """Unreadable or out-of-bounds YAML; ``line`` (1-based, or None) and ``problem`` (one line).
 
-    def __init__(self, problem: str, line: int | None = None) -> None:
-        self.problem, self.line = cut(problem, 200), line
-        super().__init__(self.problem if line is None else f"line {line}: {self.problem}")
+    ``where`` is ``"line L"``, ``"line L column C"`` (a character the YAML reader
+    refuses) or ``""``.
+    """
+
+    def __init__(self, problem: str, line: int | None = None, column: int | None = None) -> None:
+        self.problem, self.line, self.column = cut(problem, 200), line, column
+        self.where = "" if line is None else f"line {line}" + (
+            "" if column is None else f" column {column}")
+        super().__init__(f"{self.where}: {self.problem}" if self.where else self.problem)
+
+
+def _reader_error(text: str, e: yaml.reader.ReaderError) -> YAMLInputError:
+    """A `YAMLInputError` for a character the YAML reader refuses (NUL, control bytes)."""
+    position = max(0, min(int(e.position), len(text)))
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    char = e.character if isinstance(e.character, int) else ord(str(e.character)[:1] or "?")
+    return YAMLInputError(f"character #x{char:04x} is not allowed in YAML ({e.reason}); remove "
+                          "it or write it as an escape in a double-quoted string", line, column)
 
 
 def load(text: str) -> Any:
@@ -138,9 +154,14 @@ def load(text: str) -> Any:
     if len(text) > MAX_BYTES:
         raise YAMLInputError(f"{len(text)} characters, more than the {MAX_BYTES} a config may "
                              "have")
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader checks every character here
+    except yaml.reader.ReaderError as e:
+        raise _reader_error(text, e) from None
     try:
         return loader.get_single_data()
+    except yaml.reader.ReaderError as e:
+        raise _reader_error(text, e) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         problem = " ".join((e.problem or e.context or "invalid YAML").split())
@@ -174,7 +195,7 @@ def read_mapping(path: str) -> dict[str, Any]:
             text = f.read(MAX_BYTES + 1)
         raw = load(text)
     except YAMLInputError as e:
-        line = f" line {e.line}" if e.line is not None else ""
+        line = f" {e.where}" if e.where else ""
         raise UsageError(f"YAML syntax error in {cut(path)}{line}: {e.problem}; fix the "
                          "file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -209,6 +230,7 @@ def parse_override(override: str) -> tuple[str, Any]:
         return key, load(text)
     except YAMLInputError as e:
         raise UsageError(
-            f"cannot parse the value of override {clip(override)} as YAML ({e.problem}); quote "
+            f"cannot parse the value of override {clip(override)} as YAML ({e.problem}"
+            f"{', at ' + e.where if e.column is not None else ''}); quote "
             f"it, e.g. {cut(key)}='...'"
         ) from None

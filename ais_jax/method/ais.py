@@ -40,6 +40,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 MODES = ("ais", "tis", "none")
@@ -96,6 +97,37 @@ class AISResult:
 def _check_hparam(name: str, value: object, ok: bool, need: str) -> None:
     if isinstance(value, numbers.Real) and not (ok and math.isfinite(float(value))):
         raise ValueError(f"ais_coefficient: {name}={value!r} is invalid; {name} must be {need}")
+
+
+def as_arrays(fn: str, *arrays: object) -> list[jax.Array]:
+    """``jnp.asarray`` of the four inputs of ``fn``; an unconvertible one is a ValueError.
+
+    Args:
+      fn: the public function's name, for the message.
+      *arrays: ``logp_train, logp_rollout, advantages, mask``.
+    """
+    names = ("logp_train", "logp_rollout", "advantages", "mask")
+    out = []
+    for name, x in zip(names, arrays, strict=True):
+        try:
+            out.append(jnp.asarray(x))
+        except (TypeError, ValueError) as e:
+            kind = "bool or numeric" if name == "mask" else "float"
+            raise ValueError(f"{fn}: {name} must be a {kind} array, got "
+                             f"{type(x).__name__} ({' '.join(str(e).split())[:120]})") from None
+    return out
+
+
+def check_flags(fn: str, **flags: object) -> None:
+    """The ablation switches ``use_ess`` / ``use_mis`` / ``use_var`` are real bools.
+
+    Raises:
+      ValueError: a flag that is not a bool (``"no"`` would otherwise count as True).
+    """
+    for name, value in flags.items():
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"{fn}: {name}={value!r} must be a bool (True or False), got "
+                             f"{type(value).__name__}")
 
 
 def _validate(shapes, dtypes, C, delta, gamma, beta_var, eps, mode) -> None:
@@ -175,10 +207,13 @@ def ais_coefficient(
       silently replaced.
 
     Raises:
-      ValueError: the four inputs differ in shape, a float input is not
-        floating point, or a hyperparameter / mode is invalid.
+      ValueError: the four inputs differ in shape, an input is not an array (a mask
+        of strings), a float input is not floating point, an ablation switch is not
+        a bool, or a hyperparameter / mode is invalid.  Zero-size inputs are valid:
+        no token is valid, so alpha is 0 and the (empty) weights are 1.
     """
-    arrays = [jnp.asarray(a) for a in (logp_train, logp_rollout, advantages, mask)]
+    arrays = as_arrays("ais_coefficient", logp_train, logp_rollout, advantages, mask)
+    check_flags("ais_coefficient", use_ess=use_ess, use_mis=use_mis, use_var=use_var)
     _validate([a.shape for a in arrays], [a.dtype for a in arrays],
               C, delta, gamma, beta_var, eps, mode)
     lt, lr, adv, m = (jax.lax.stop_gradient(a) for a in arrays)
@@ -194,7 +229,9 @@ def ais_coefficient(
     # Scale-free CV: shift log w_bar by its max over valid tokens rounded to a multiple
     # of 16 (0 for ordinary batches: bit-identical to the unshifted formula).  A NaN
     # propagates through the max.
-    lmax = jnp.max(jnp.where(valid, log_w, -jnp.inf))
+    # zero-size inputs (no token at all): the reductions below take their empty values
+    empty = valid.size == 0
+    lmax = jnp.float32(-jnp.inf) if empty else jnp.max(jnp.where(valid, log_w, -jnp.inf))
     shift = jnp.where(jnp.isneginf(lmax), 0.0, _SHIFT_STEP * jnp.round(lmax / _SHIFT_STEP))
     w_s = jnp.where(valid, jnp.exp(log_w - shift), 0.0)  # in [0, 1]
     w_mean, w_std = _masked_mean_std(w_s, valid, n)
@@ -207,7 +244,7 @@ def ais_coefficient(
     alpha_mis = jnp.minimum(1.0, d_bar / delta)
 
     # D = std(A w) / (std(A) + eps) with A / 2^e (|A / 2^e| < 1, exact) and w = e^shift w_s.
-    _, e = jnp.frexp(jnp.max(jnp.abs(a)))
+    _, e = jnp.frexp(jnp.float32(0.0) if empty else jnp.max(jnp.abs(a)))
     a_s = jnp.ldexp(a, -e)
     _, a_std = _masked_mean_std(a_s, valid, n)
     _, aw_std = _masked_mean_std(a_s * w_s, valid, n)

@@ -75,7 +75,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ais_jax.method.ais import LOG_RATIO_BOUND, AISResult, _masked_mean_std, ais_coefficient
+from ais_jax.method.ais import (
+    LOG_RATIO_BOUND,
+    AISResult,
+    _masked_mean_std,
+    ais_coefficient,
+    as_arrays,
+    check_flags,
+)
 
 CORRECTION_MODES = ("none", "tis", "token_mask", "seq_tis", "seq_mask", "geo_mask", "ais")
 
@@ -164,6 +171,8 @@ def masked_quantiles(x: jax.Array, valid: jax.Array, qs: tuple[float, ...]) -> j
     Returns:
       ``[len(qs)]`` float32; 0 where no entry is valid.
     """
+    if x.size == 0:  # a zero-size batch: no entry at all (static)
+        return jnp.zeros((len(qs),), jnp.float32)
     xs = jnp.sort(jnp.where(valid, x.astype(jnp.float32), jnp.inf).reshape(-1))
     n = jnp.sum(valid, dtype=jnp.int32)
     last = jnp.maximum(n - 1, 0)
@@ -245,7 +254,7 @@ def _diagnostics(log_rho: jax.Array, valid: jax.Array, keep: jax.Array,
     n_keep = jnp.maximum(jnp.sum(keep, dtype=jnp.float32), 1.0)
     kept_w = jnp.where(keep, weights, 0.0)
     out["weight_mean"] = jnp.minimum(jnp.sum(kept_w) / n_keep, _F32_MAX)
-    out["weight_max"] = jnp.max(kept_w)
+    out["weight_max"] = jnp.max(kept_w) if kept_w.size else jnp.zeros((), jnp.float32)
     out["num_valid"] = n
     return {k: v.astype(jnp.float32) for k, v in out.items()}
 
@@ -286,11 +295,15 @@ def correction_weights(
 
     Raises:
       ValueError: unknown mode, ``cap <= 1``, negative ``threshold``, an
-        unknown keyword, inputs that are not ``[B, N]`` of one shape, or
-        non-float log-probs / advantages.
+        unknown keyword, inputs that are not ``[B, N]`` of one shape, an input that
+        is not an array (a mask of strings), non-float log-probs / advantages, or a
+        ``use_*`` switch that is not a bool.  Zero-size inputs are valid (no token:
+        alpha 0, empty weights, finite statistics).
     """
-    arrays = [jnp.asarray(x) for x in (logp_train, logp_rollout, advantages, mask)]
+    arrays = as_arrays("correction_weights", logp_train, logp_rollout, advantages, mask)
     _validate(arrays, mode, cap, threshold, ais_kwargs)
+    check_flags("correction_weights", **{k: v for k, v in ais_kwargs.items()
+                                         if k.startswith("use_")})
     if cap is None:
         cap = DEFAULT_CAPS[mode]
     lt, lr, adv, m = (jax.lax.stop_gradient(x) for x in arrays)

@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "checkpoint (refused otherwise)")
     args = ap.parse_args(argv)
 
+    from ais_jax.config.bounds import check_host_memory
     from ais_jax.config.load import format_config, load_config
     from ais_jax.config.schema import DEFAULT_CONFIG_PATH
 
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(format_config(cfg))
             return 0
+        check_host_memory(cfg)  # before any problem is generated or any array allocated
         _init_distributed(args.distributed)
         run(cfg, overwrite=args.overwrite)
     except UsageError as e:

@@ -131,6 +131,54 @@ def check_devices(n: int, cfg: Config) -> None:
                          f"use --devices {need}")
 
 
+def check_plan_sizes(cfg: Config, model_cfg: Any, prompt_len: int, devices: int,
+                     device_memory: int) -> None:
+    """The plan's largest arrays fit the memory of all ``devices`` together; else UsageError.
+
+    Checked before tracing: an array larger than every device's memory together fits in no
+    sharding, and past int64 elements XLA aborts the process (a C++ ``terminate``), so such
+    a run is refused with its size instead of traced.  The arrays, at one byte an element (a
+    lower bound: FP8 is the smallest dtype here): a layer weight stacked over the layers,
+    the embedding, the rollout's KV cache, and per micro-batch of the update the kept layer
+    inputs, one layer's MLP activations and attention scores, and a chunk of logits.
+
+    Args:
+      cfg: the run config (``rollout.*``, ``train.minibatches``, ``train.micro_batch_size``,
+        ``train.logprob_chunk``).
+      model_cfg: the `ModelConfig` (or LLaDA config) of `resolve_model_config`.
+      prompt_len: the prompt bucket ``P``.
+      devices: the device count.
+      device_memory: bytes of one device.
+
+    Raises:
+      UsageError: one line naming the array, its bytes and the memory of all devices.
+    """
+    r, t = cfg.rollout, cfg.train
+    B, S = r.prompts_per_step * r.group_size, prompt_len + r.max_new_tokens
+    rows = t.micro_batch_size or max(1, B // max(1, t.minibatches))
+    L, D, F = model_cfg.num_layers, model_cfg.hidden_size, model_cfg.intermediate_size
+    V, Q, H = model_cfg.vocab_size, model_cfg.num_heads, model_cfg.head_dim
+    K = getattr(model_cfg, "num_kv_heads", Q)
+    chunk = min(t.logprob_chunk or S, S)
+    arrays = {
+        f"the stacked MLP weights [L={L}, D={D}, F={F}]": L * D * F,
+        f"the stacked attention weights [L={L}, D={D}, Q*H={Q * H}]": L * D * Q * H,
+        f"the embedding [V={V}, D={D}]": V * D,
+        f"the KV cache [L={L}, 2, rows={B}, S={S}, K*H={K * H}]": L * 2 * B * S * K * H,
+        f"the kept layer inputs [L={L}, rows={rows}, S={S}, D={D}]": L * rows * S * D,
+        f"one layer's MLP activations [rows={rows}, S={S}, F={F}]": rows * S * F,
+        f"one layer's attention scores [rows={rows}, Q={Q}, S={S}, S={S}]": rows * Q * S * S,
+        f"a chunk of logits [rows={rows}, {chunk}, V={V}]": rows * chunk * V,
+    }
+    total = devices * device_memory
+    for what, elements in arrays.items():
+        if elements > total:
+            raise UsageError(f"{what} take at least {elements:.3g} bytes, more than the "
+                             f"{devices} device(s) hold together ({total:.3g} bytes of "
+                             "--device-memory x --devices): this run fits in no sharding; lower "
+                             "the model or batch sizes, or raise --devices / --device-memory")
+
+
 def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
     """The model config of ``cfg.model.source``, without reading any weights.
 
@@ -322,7 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devices = (args.devices if args.devices is not None
                    else cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor)
         check_devices(devices, cfg)  # before JAX makes any device or compiles anything
-        check_prompt_len(args.prompt_len, cfg, resolve_model_config(cfg)[0])
+        model_cfg = resolve_model_config(cfg)[0]
+        check_prompt_len(args.prompt_len, cfg, model_cfg)
+        check_plan_sizes(cfg, model_cfg, args.prompt_len, devices, memory)  # before tracing
         configure_devices(devices)
         plan = make_plan(cfg, devices, memory, args.prompt_len)
     except UsageError as e:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -36,6 +37,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from ais_jax.config.schema import DEFAULT_COMPILE_CACHE, Config, RuntimeSection
 from ais_jax.core.errors import UsageError
+from ais_jax.core.safe_yaml import clip, cut
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 OFF_VALUES = ("", "none", "off")
@@ -146,6 +148,54 @@ def check_profile_dir(rt: RuntimeSection) -> str | None:
     return path
 
 
+_XLA_LOG = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [^\]]+\] ")
+
+
+def check_xla_flags(rt: RuntimeSection, environ: Mapping[str, str] | None = None,
+                    timeout_s: float = 120.0) -> None:
+    """``runtime.xla_flags`` as XLA reads them: refused in one line instead of a fatal XLA log.
+
+    Each flag must be ``--name`` or ``--name=value``; then XLA is started once in a
+    child process (CPU backend, which parses the same flag table) with the resulting
+    ``XLA_FLAGS``, and its complaint about an unknown flag or an unreadable value becomes
+    the message.  Nothing runs when the key is empty.  A child that does not answer within
+    ``timeout_s`` is not held against the flags.
+
+    Args:
+      rt: the ``runtime`` section of the config.
+      environ: the environment the run will have (default ``os.environ``).
+      timeout_s: seconds the child may take.
+
+    Raises:
+      UsageError: a malformed flag, or one XLA refuses (its own words, one line).
+    """
+    import subprocess
+
+    environ = os.environ if environ is None else environ
+    extra = rt.xla_flags.strip()
+    if not extra:
+        return
+    for flag in extra.split():
+        if not re.fullmatch(r"--[A-Za-z0-9_]+(=.*)?", flag):
+            raise UsageError(f"runtime.xla_flags: {clip(flag)} is not a flag; write "
+                             "--name=value flags separated by spaces, e.g. "
+                             "--xla_gpu_enable_command_buffer=")
+    env = {**environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": " ".join(x for x in (environ.get("XLA_FLAGS", ""), extra) if x)}
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return
+    if proc.returncode == 0:
+        return
+    lines = [_XLA_LOG.sub("", x).strip() for x in proc.stderr.splitlines()]
+    said = [x for x in lines if "flag" in x.lower() and not x.startswith("Check failed")]
+    reason = said[0] if said else (lines[-1] if lines else f"exit status {proc.returncode}")
+    raise UsageError(f"runtime.xla_flags={clip(extra)}: XLA refuses them ({cut(reason, 200)}); "
+                     "fix or remove the flag")
+
+
 def apply_xla_flags(rt: RuntimeSection, environ: dict[str, str] | None = None) -> str:
     """Appends ``runtime.xla_flags`` to ``XLA_FLAGS`` (the user's flags come last and win).
 
@@ -189,8 +239,10 @@ def setup(rt: RuntimeSection) -> str | None:
       The compilation cache directory in use, or None when the cache is off.
 
     Raises:
-      UsageError: a directory cannot be created or written.
+      UsageError: a directory cannot be created or written, or ``runtime.xla_flags`` that
+        XLA refuses (`check_xla_flags`).
     """
+    check_xla_flags(rt)  # one line, not XLA's fatal log at the first compilation
     apply_xla_flags(rt)
     path = setup_compile_cache(rt)
     check_profile_dir(rt)

@@ -1,0 +1,284 @@
+"""Issue 39's input-validation rows: bad input ends as one line and exit 2 before any work.
+
+Rows: 5 (YAML reader errors name file and position), 3 / 4 (size, count and step
+bounds), 8 (float keys checked in float32), 7 (``plan`` sizes before tracing),
+9 (``runtime.xla_flags``), 12 (messages), 14 (library API on empty or ill-typed
+inputs).  The schema-driven property test is in tests/test_config_bounds.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ais_jax.config.load import load_config
+from ais_jax.core.errors import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny_arithmetic.yaml")
+
+
+def _run(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err[-3000:]
+    assert err.startswith("error: "), err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+# ----------------------------------------------------------------------------- row 5
+
+
+@pytest.mark.parametrize("raw,where", [
+    (b"seed: 0\x00\n", "line 1 column 8: character #x0000"),
+    (b"seed: 0\nout_dir: \"a\x07b\"\n", "line 2 column 12: character #x0007"),
+    (b"seed: 0\x1b\n", "line 1 column 8: character #x001b"),
+])
+def test_row5_reader_errors_name_file_and_position(tmp_path, raw, where):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(raw)
+    with pytest.raises(UsageError) as e:
+        load_config(str(path))
+    msg = str(e.value)
+    assert str(path) in msg and where in msg and "\n" not in msg, msg
+
+
+def test_row5_reader_errors_cli_exit_2(tmp_path):
+    path = tmp_path / "nul.yaml"
+    path.write_bytes(b"seed: 0\x00\n")
+    _one_line_exit_2(_run("ais_jax.train", "--config", str(path), "--print-config"),
+                     str(path), "line 1 column 8")
+    _one_line_exit_2(_run("ais_jax.train", "--print-config", "seed=\x01"),
+                     "override 'seed=\\x01'", "line 1 column 1")
+
+
+# ----------------------------------------------------------------------------- rows 4 and 3
+
+H = "99999999999999999999999"
+MIN = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+       "model.head_dim=16", "model.intermediate_size=64", "sft.steps=0", "sft.target_accuracy=0",
+       "task.eval_size=4", "eval.num_samples=1", "rollout.prompts_per_step=2",
+       "rollout.group_size=2", "train.steps=2", "checkpoint.every=1", "log.tensorboard=false",
+       "log.progress=false"]
+
+
+@pytest.mark.parametrize("override", [
+    f"train.warmup_steps={H}", f"train.rng_stream={H}", f"eval.num_samples={H}",
+    f"train.epochs={H}", f"task.eval_size={H}", f"sft.batch_size={H}", "train.steps=2147483648",
+    "checkpoint.every=2147483648", "mesh.data=2147483648",
+])
+def test_row4_int_keys_outside_int32_are_refused(override):
+    with pytest.raises(UsageError, match="outside the int32 range"):
+        load_config(TINY, [*MIN, override])
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rollout.prompts_per_step=65536", "rollout.group_size=65536"], "rows of an RL step"),
+    (["rollout.prompts_per_step=4096", "rollout.group_size=4096", "rollout.max_new_tokens=256",
+      "train.minibatches=1"], "tokens of an RL step"),
+    (["task.eval_size=100000", "eval.num_samples=100000"], "evaluation samples"),
+    (["train.steps=100000", "train.epochs=100000"], "optimizer updates"),
+])
+def test_row4_int32_products_are_refused(overrides, needle):
+    with pytest.raises(UsageError, match=needle):
+        load_config(TINY, [*MIN, *overrides])
+
+
+def test_row4_cli_exit_2_before_any_work(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}",
+                f"train.warmup_steps={H}")
+    _one_line_exit_2(proc, "train.warmup_steps", "int32")
+    assert not out.exists()  # no checkpoint 0, nothing written
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["task.eval_size=2000000000"], "task.eval_size or eval.num_samples"),
+    (["sft.steps=1", "sft.batch_size=2000000000"], "sft.batch_size"),
+    (["sft.steps=50", "sft.target_accuracy=0.5", "sft.check_size=2000000000"], "sft.check_size"),
+    (["rollout.prompts_per_step=50000", "rollout.group_size=5000"], "rows of an RL step"),
+    (["model.hidden_size=65536", "model.intermediate_size=65536", "model.num_layers=64"],
+     "scratch-model parameters"),
+])
+def test_row3_sizes_against_memory(overrides, needle):
+    from ais_jax.config.bounds import check_host_memory
+
+    cfg = load_config(TINY, [*MIN, *overrides])
+    with pytest.raises(UsageError, match=needle) as e:
+        check_host_memory(cfg, memory=16 * 2**30)
+    assert "16 GiB of memory" in str(e.value)
+    check_host_memory(load_config(TINY, MIN), memory=16 * 2**30)  # the tiny run fits
+
+
+def test_row3_sft_keys_unused_when_sft_is_off():
+    from ais_jax.config.bounds import check_host_memory
+
+    check_host_memory(load_config(TINY, [*MIN, "sft.batch_size=2000000000"]), memory=2**30)
+
+
+def test_row3_cli_refuses_an_eval_size_beyond_memory_fast(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}",
+                "task.eval_size=2147483647", timeout=60)
+    _one_line_exit_2(proc, "task.eval_size", "of memory")
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 8
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("ais.gamma=1e-300", "below float32's smallest normal"),
+    ("ais.delta=1e-39", "below float32's smallest normal"),
+    ("ais.eps=1e300", "not finite in float32"),
+    ("train.clip_norm=1e300", "not finite in float32"),
+    ("train.learning_rate=1e-320", "below float32's smallest normal"),
+    ("reward.timeout_s=1e39", "not finite in float32"),
+])
+def test_row8_float_keys_checked_in_float32(override, needle):
+    with pytest.raises(UsageError, match=needle):
+        load_config(TINY, [*MIN, override])
+
+
+def test_row8_lora_alpha_refused_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}", "lora.rank=4",
+                "lora.alpha=1e308")
+    _one_line_exit_2(proc, "lora.alpha", "float32")
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 7
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rollout.prompts_per_step=99999999999"], "rollout.prompts_per_step=99999999999 is outside"),
+    (["model.hidden_size=99999999", "model.num_layers=999999"], "fits in no sharding"),
+    (["rollout.max_new_tokens=2048", "rollout.prompts_per_step=4096", "rollout.group_size=64",
+      "train.minibatches=1"], "the KV cache [L=3, 2, rows=262144, S=2304"),
+])
+def test_row7_plan_validates_sizes_before_tracing(overrides, needle):
+    proc = _run("ais_jax.plan", "--config", TINY, *overrides, "--devices", "1", timeout=60)
+    _one_line_exit_2(proc, needle)
+
+
+def test_row7_plan_sizes_in_process():
+    from ais_jax.run.plan import check_plan_sizes, load_plan_config, resolve_model_config
+
+    cfg = load_plan_config(TINY, ["model.hidden_size=65536", "model.intermediate_size=65536",
+                                  "model.num_layers=4096"])
+    model_cfg = resolve_model_config(cfg)[0]
+    with pytest.raises(UsageError, match=r"stacked MLP weights \[L=4096, D=65536, F=65536\]"):
+        check_plan_sizes(cfg, model_cfg, 256, 8, 80 * 10**9)
+    check_plan_sizes(cfg, model_cfg, 256, 8, 4 * 10**12)  # 32 TB: the weights fit, sharded
+    cfg = load_plan_config(TINY, [])
+    check_plan_sizes(cfg, resolve_model_config(cfg)[0], 256, 1, 80 * 10**9)  # the tiny run
+
+
+# ----------------------------------------------------------------------------- row 9
+
+
+@pytest.mark.parametrize("flags,needle", [
+    ("--xla_bogus_flag=1", "Unknown flag in XLA_FLAGS: --xla_bogus_flag=1"),
+    ("garbage", "'garbage' is not a flag"),
+    ("--xla_cpu_enable_fast_math=maybe", "Couldn't interpret value maybe"),
+])
+def test_row9_xla_flags_refused_in_one_line(flags, needle):
+    from ais_jax.config.schema import RuntimeSection
+    from ais_jax.run.runtime import check_xla_flags
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    with pytest.raises(UsageError, match=r"runtime\.xla_flags") as e:
+        check_xla_flags(RuntimeSection(xla_flags=flags), env)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    check_xla_flags(RuntimeSection(xla_flags="--xla_cpu_enable_fast_math=false"), env)
+
+
+def test_row9_cli_exit_2_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}",
+                "runtime.xla_flags=--xla_bogus_flag=1")
+    _one_line_exit_2(proc, "--xla_bogus_flag=1")
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 14
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0), (0, 0)])
+def test_row14_zero_size_inputs_give_alpha_0_weights_1(shape):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import CORRECTION_MODES, correction_weights
+
+    z, zm = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, bool)
+    r = jax.jit(ais_coefficient)(z, z, z, zm)
+    assert float(r.alpha) == 0.0 and float(r.num_valid) == 0.0 and r.weights.shape == shape
+    for mode in CORRECTION_MODES:
+        c = jax.jit(lambda a, b, d, m, mode=mode: correction_weights(a, b, d, m, mode=mode))(
+            z, z, z, zm)
+        assert c.weights.shape == c.advantages.shape == shape, mode
+        stats = {k: float(v) for k, v in c.stats().items()}
+        assert all(np.isfinite(list(stats.values()))), (mode, stats)
+        assert stats["num_valid"] == 0.0, mode
+
+
+def test_row14_all_masked_gives_alpha_0_weights_1():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import correction_weights
+
+    lt = jnp.asarray([[-1.0, 3.0], [0.5, -9.0]])
+    lr, adv, mask = jnp.zeros((2, 2)), jnp.ones((2, 2)), jnp.zeros((2, 2), bool)
+    r = ais_coefficient(lt, lr, adv, mask)
+    assert float(r.alpha) == 0.0 and np.all(np.asarray(r.weights) == 1.0)
+    c = correction_weights(lt, lr, adv, mask, mode="tis")
+    assert np.all(np.asarray(c.advantages) == 0.0)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"use_ess": "no"}, "use_ess='no' must be a bool"),
+    ({"use_mis": 0}, "use_mis=0 must be a bool"),
+    ({"use_var": None}, "use_var=None must be a bool"),
+])
+def test_row14_non_bool_flags_refused(kwargs, needle):
+    import jax.numpy as jnp
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import correction_weights
+
+    x, m = jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
+    with pytest.raises(ValueError, match=f"ais_coefficient: {needle}"):
+        ais_coefficient(x, x, x, m, **kwargs)
+    with pytest.raises(ValueError, match=f"correction_weights: {needle}"):
+        correction_weights(x, x, x, m, **kwargs)
+
+
+def test_row14_mask_of_strings_is_a_value_error():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ais_jax.method.ais import ais_coefficient
+    from ais_jax.method.corrections import correction_weights
+
+    x = jnp.zeros((1, 2))
+    for mask in (np.array([["a", "b"]]), [["a", "b"]]):
+        with pytest.raises(ValueError, match="ais_coefficient: mask must be a bool or numeric"):
+            ais_coefficient(x, x, x, mask)
+        with pytest.raises(ValueError, match="correction_weights: mask must be a bool or numer"):
+            correction_weights(x, x, x, mask)
