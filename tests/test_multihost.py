@@ -19,6 +19,10 @@ import time
 import pytest
 from _tiny import TINY_RUN
 
+from ais_jax.config.load import load_config
+from ais_jax.core.errors import UsageError
+from ais_jax.run import cli
+
 # issue 39's MIN: the smallest CLI run (2 prompts x 2 samples, 2 steps).
 MIN = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2", "task.eval_size=4",
        "sft.target_accuracy=0", "train.steps=2", "checkpoint.every=1"]
@@ -107,3 +111,13 @@ def test_llada_run_exports_across_two_processes(tmp_path):
     with open(d / "summary.json") as f:
         assert json.load(f)["step"] == 1
 
+
+@pytest.mark.parametrize("url", ["gs://bucket/run", "s3://b/r", "hdfs://x/y"])
+def test_out_dir_with_a_scheme_is_refused(url, tmp_path, monkeypatch, capsys):
+    with pytest.raises(UsageError, match="is a URL"):
+        load_config(None, [f"out_dir={url}"])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([f"out_dir={url}", *MIN]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mount the bucket" in err
+    assert os.listdir(tmp_path) == []  # no local "gs:" folder
