@@ -152,13 +152,17 @@ def save(
       StorageError: the disk refused the write (full, quota, permissions); the
         checkpoints written before are intact.
     """
-    latest = latest_step(manager)
-    if latest is not None and step < latest:
-        raise CheckpointError(
-            f"cannot save step {step}: {manager.directory} already holds the later step "
-            f"{latest}; use a new out_dir or delete it"
-        )
-    if step in all_steps(manager):
+    from ais_jax.run import multihost
+
+    def exists() -> bool:  # process 0 decides for all (a collective with several processes)
+        steps = all_steps(manager)
+        if steps and step < steps[-1]:
+            raise CheckpointError(f"cannot save step {step}: {manager.directory} already "
+                                  f"holds the later step {steps[-1]}; use a new out_dir or "
+                                  "delete it")
+        return step in steps
+
+    if multihost.decide(exists):
         return False
     metadata = dict(metadata or {})
     try:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from ais_jax.core.errors import StorageError, UsageError, storage_error
 from ais_jax.run.loop import RunResult, run
+from ais_jax.run.multihost import PeerFailed
 from ais_jax.run.signals import Interrupted
 
 __all__ = ["RunResult", "main", "run"]
@@ -100,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(e, StorageError):
             _quiet_until_exit()
         return 2
+    except PeerFailed as e:  # process 0 failed (its traceback is on its own stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
+        return 1
     except Interrupted as e:
         print(str(e), file=sys.stderr, flush=True)
         return e.status

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ais_jax.core.errors import storage_error
-from ais_jax.run import results, runguard
+from ais_jax.run import multihost, results, runguard
 from ais_jax.run.signals import Interrupted, StopFlag
 
 
@@ -72,9 +72,15 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
     except OSError as e:
         raise (storage_error(e, cfg.out_dir) or e) from None
     stop = StopFlag()
-    with stop.installed(), runguard.RunLock(cfg.out_dir) if is_main else \
-            contextlib.nullcontext():
-        return _run_locked(cfg, is_main, reward_fns, dataset, overwrite, stop)
+    with stop.installed():
+        multihost.check_shared_dir(cfg.out_dir)  # process 0's lock outcome is everyone's:
+        lock = runguard.RunLock(cfg.out_dir) if is_main else None
+        try:
+            multihost.decide(lambda: lock.acquire() if lock else None)
+            return _run_locked(cfg, is_main, reward_fns, dataset, overwrite, stop)
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 @dataclasses.dataclass
@@ -131,16 +137,11 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
     manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
     with ckpt.closed_on_error(manager):  # no orbax thread left running after an error
         metrics_path = os.path.join(out_dir, results.METRICS)
-        last, meta = runguard.latest_readable_meta(ckpt, manager)
-        if last is None:
-            results.check_fresh_out_dir(out_dir, overwrite)
-        else:
-            runguard.check_resume_config(meta, cfg, last, out_dir)
-            # Done only when the results name a step >= train.steps and >= the latest checkpoint
-            # (with checkpoint.every=0 only checkpoint 0 is kept besides the results).
-            if results.finished(out_dir, max(steps, last)):
-                ckpt.close(manager)
-                return _already_done(cfg, last, meta, metrics_path)
+        last, done, eval_before = multihost.decide(
+            lambda: runguard.resume_plan(ckpt, manager, cfg, overwrite))
+        if done:
+            ckpt.close(manager)
+            return _already_done(cfg, last, {"eval_before": eval_before}, metrics_path)
         r = build_run(cfg, reward_fns, dataset)
         evaluate, eval_fn = make_evaluator(r)
         lora_on = r.lora is not None  # the KL reference is then the frozen base itself
@@ -167,13 +168,13 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
         compiles = {"rollout": r.fns.rollout._cache_size(), "update": r.fns.update._cache_size(),
                     "score": r.fns.score._cache_size(),  # 0 when never called
                     "eval": eval_fn._cache_size()}
-        # Params sharded across processes are gathered by every process (a collective).
+        # Params sharded across processes are gathered by every process (a collective): the
+        # export on process 0 alone then joins none; its outcome is every process's.
         params = job.model_params(job.state.params)
-        final_params = to_host(params) if jax.process_count() > 1 else params
+        final_params = to_host(params) if jax.process_count() > 1 or r.is_llada else params
         adapters = None if r.lora is None else to_host(job.state.params)
-        if is_main:
-            _finish(cfg, r, final_params, job.eval_before, eval_after, compiles, final_step,
-                    adapters)
+        multihost.decide(lambda: _finish(cfg, r, final_params, job.eval_before, eval_after,
+                                         compiles, final_step, adapters))
         if stop.signum:
             print(f"received {signal.Signals(stop.signum).name} after the last step: the results "
                   "are complete", file=sys.stderr, flush=True)
@@ -344,15 +345,17 @@ def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
             compiles: dict[str, int], step: int, adapters: Any = None) -> None:
     """Export the final policy (HF directory + tokenizer; with LoRA the merged model and the
     adapters in PEFT's format under ``adapter/``) atomically, then write summary.json
-    (naming ``step``), then print the result (`ais_jax.run.results`)."""
+    (naming ``step``), then print the result (`ais_jax.run.results`).
+
+    Process 0 only: joins no collective (``params`` and ``adapters`` are host arrays with
+    several processes, gathered by all of them before)."""
     from ais_jax.models.pretrained import save_pretrained
-    from ais_jax.training.placement import to_host as to_host_tree
 
     def save(directory: str) -> None:
-        if r.is_llada:
+        if r.is_llada:  # params: host arrays already (gathered by every process)
             from ais_jax.models.llada.checkpoint import save as save_llada
 
-            save_llada(directory, to_host_tree(params), r.model_cfg)
+            save_llada(directory, params, r.model_cfg)
         else:
             save_pretrained(params, r.model_cfg, directory)
         if adapters is not None:

@@ -6,7 +6,13 @@
   works on NFS, unlike ``flock``), so a reader never sees a half-written lock.
   A lock whose process is gone (same host, and the pid is dead or belongs to a
   process started at another time) is stale and is taken over with a warning;
-  a lock of another host is never taken over (its pid cannot be checked).
+  a lock of another host is never taken over: its pid cannot be checked from
+  here, so that host's run is never provably gone (the message says to delete
+  the lock file once it is).  With several processes only process 0 takes the
+  lock, and its outcome is every process's (`ais_jax.run.multihost.decide`): a
+  pod restarted with another host as process 0 finds the lock of the old
+  process 0's host and stops on every host with the same line until the user
+  deletes ``out_dir/run.lock``.
 * The resolved config travels with every checkpoint; `check_resume_config`
   refuses a resume whose config differs in anything but `RESUMABLE` keys.
 * `restore_latest`: the newest checkpoint that restores; unrestorable newer
@@ -230,6 +236,28 @@ def latest_readable_meta(ckpt: Any, manager: Any) -> tuple[int | None, dict[str,
     return None, {}
 
 
+def resume_plan(ckpt: Any, manager: Any, cfg: Any, overwrite: bool
+                ) -> tuple[int | None, bool, Any]:
+    """What a run in ``cfg.out_dir`` does: ``(latest readable step or None, whether its results
+    are complete, its eval_before)``; with several processes process 0 decides it for all.
+
+    Raises:
+      UsageError: a fresh start over an earlier run's results without ``overwrite``
+        (`ais_jax.run.results.check_fresh_out_dir`), or a resume under a changed config.
+    """
+    from ais_jax.run import results
+
+    last, meta = latest_readable_meta(ckpt, manager)
+    if last is None:
+        results.check_fresh_out_dir(cfg.out_dir, overwrite)
+        return None, False, None
+    check_resume_config(meta, cfg, last, cfg.out_dir)
+    # Done only when the results name a step >= train.steps and >= the latest checkpoint
+    # (with checkpoint.every=0 only checkpoint 0 is kept besides the results).
+    done = results.finished(cfg.out_dir, max(cfg.train.steps, last))
+    return last, done, meta.get("eval_before")
+
+
 def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: bool
                    ) -> tuple[int, Any, dict[str, Any]]:
     """Restore the newest checkpoint that restores into ``target``.
@@ -245,14 +273,23 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
     Raises:
       CheckpointError: no step restores (names ``out_dir``; suggests a new one).
     """
-    steps = ckpt.all_steps(manager)
+    from ais_jax.run import multihost
+
+    steps = multihost.decide(lambda: ckpt.all_steps(manager))
     failed: list[str] = []
     for step in reversed(steps):
+        error = None
         try:
             meta = ckpt.read_metadata(manager, step)
             state = ckpt.restore(manager, step, target)
         except CheckpointError as e:
-            failed.append(f"step {step}: {_reason(e)}")
+            error = _reason(e)
+        # With several processes a step restores only if it restores on every one of them.
+        flags = multihost.all_flags(error is None)
+        if error is not None or not all(flags):
+            error = error or (f"does not restore on process(es) "
+                              f"{', '.join(str(i) for i, ok in enumerate(flags) if not ok)}")
+            failed.append(f"step {step}: {error}")
             continue
         bad = [s for s in steps if s > step]
         if bad:
@@ -262,7 +299,8 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
                 for s in bad:
                     os.rename(os.path.join(os.fspath(manager.directory), str(s)),
                               os.path.join(dest, str(s)))
-                manager.reload()
+            multihost.all_flags(True)  # a barrier: the steps are moved before any reload
+            manager.reload()
             warn(f"checkpoint {'; '.join(failed)}; resuming from step {step} instead "
                  f"(moved the unrestorable step(s) {bad} to {dest}, not deleted)")
         return step, state, meta

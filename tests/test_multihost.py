@@ -1,0 +1,123 @@
+"""Real 2-process runs (2 processes x 2 CPU devices, a loopback coordinator): what must not
+hang. Every process is bounded by a subprocess timeout (both are killed when one overruns), so
+a hang fails the test instead of CI.
+
+Failing starts (a busy lock, an out_dir that is not shared) must end on both processes within
+60 s with the same one line and exit 2; the LLaDA export across processes writes ``final/``
+and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from _tiny import TINY_RUN
+
+from ais_jax.config.load import load_config
+from ais_jax.core.errors import UsageError
+from ais_jax.run import cli
+
+# issue 39's MIN: the smallest CLI run (2 prompts x 2 samples, 2 steps).
+MIN = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2", "task.eval_size=4",
+       "sft.target_accuracy=0", "train.steps=2", "checkpoint.every=1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pair(out_dirs, *args, timeout=120):
+    """Run the CLI as 2 processes x 2 devices (process i writes to ``out_dirs[i]``); returns
+    ``[(returncode, stdout, stderr)] * 2`` and the wall time. Both are killed at ``timeout``."""
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "ais_jax.train", f"out_dir={out_dirs[i]}", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, JAX_NUM_CPU_DEVICES="2", AIS_JAX_COORDINATOR=f"127.0.0.1:{port}",
+                 AIS_JAX_NUM_PROCESSES="2", AIS_JAX_PROCESS_ID=str(i)))
+        for i in range(2)]
+    t0 = time.monotonic()
+    out = []
+    try:
+        for p in procs:
+            left = max(1.0, timeout - (time.monotonic() - t0))
+            o, e = p.communicate(timeout=left)
+            out.append((p.returncode, o, e))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        details = [p.communicate()[1][-2000:] for p in procs]
+        pytest.fail(f"a process ran past {timeout} s (killed); stderr tails: {details}")
+    return out, time.monotonic() - t0
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+
+
+def _assert_one_line_exit_2(out, elapsed, *, contains: str) -> None:
+    assert elapsed < 60, elapsed
+    lines = []
+    for i, (rc, _, err) in enumerate(out):
+        assert rc == 2, (i, err[-3000:])
+        assert "Traceback" not in err, (i, err[-3000:])
+        errs = _error_lines(err)
+        assert len(errs) == 1 and contains in errs[0], (i, err[-3000:])
+        lines.append(errs[0])
+    return lines
+
+
+def test_busy_lock_fails_on_both_processes(tmp_path):
+    # process 0 takes the lock for all: a live holder (this test process) makes both exit 2
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                            "since": "now", "start": None}))
+    out, elapsed = _pair([d, d], *MIN)
+    lines = _assert_one_line_exit_2(out, elapsed, contains="is in use by run")
+    assert lines[0] == lines[1]
+    assert (d / "run.lock").exists()  # the holder's lock is left alone
+
+
+def test_out_dir_not_shared_fails_on_both_processes(tmp_path):
+    # host-local disks, simulated: each process is given its own directory
+    dirs = [tmp_path / "host0", tmp_path / "host1"]
+    out, elapsed = _pair(dirs, *MIN)
+    lines = _assert_one_line_exit_2(out, elapsed, contains="is not one directory shared")
+    assert lines[0] == lines[1] and "process(es) 1 " in lines[0]
+    assert not os.listdir(dirs[0]) or set(os.listdir(dirs[0])) <= {"run.lock"}
+    assert not (dirs[0] / "checkpoints").exists()
+
+
+@pytest.mark.slow  # one 2-process LLaDA run with its export (~40 s on 2 cores)
+def test_llada_run_exports_across_two_processes(tmp_path):
+    # the export on process 0 used to gather the params alone (a collective): a hang
+    d = tmp_path / "run"
+    out, _ = _pair([d, d], *MIN, "model.kind=llada", "rollout.max_new_tokens=8",
+                   "diffusion.block_length=4", "diffusion.steps=4", "checkpoint.every=0",
+                   "rollout.prompts_per_step=4", "train.steps=1",
+                   "mesh.data=1", "mesh.fsdp=4", timeout=240)
+    for i, (rc, _, err) in enumerate(out):
+        assert rc == 0, (i, err[-3000:])
+    assert os.path.isfile(d / "final" / "model.safetensors")
+    with open(d / "summary.json") as f:
+        assert json.load(f)["step"] == 1
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/run", "s3://b/r", "hdfs://x/y"])
+def test_out_dir_with_a_scheme_is_refused(url, tmp_path, monkeypatch, capsys):
+    with pytest.raises(UsageError, match="is a URL"):
+        load_config(None, [f"out_dir={url}"])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([f"out_dir={url}", *MIN]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mount the bucket" in err
+    assert os.listdir(tmp_path) == []  # no local "gs:" folder
