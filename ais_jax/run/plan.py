@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             pt.prepare_env(target)
             configure_devices(1)  # the default backend stays one CPU device
-            plan = pt.make_target_plan(cfg, target, memory, args.prompt_len)
+            plan = pt.make_target_plan(cfg, target, memory, args.prompt_len, make_plan)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -194,16 +194,15 @@ def check_target_mesh(target: Target, cfg: Config) -> None:
                          ") or pick a larger target")
 
 
-def make_target_plan(cfg: Config, target: Target, device_memory: int,
-                     prompt_len: int) -> dict[str, Any]:
-    """`ais_jax.run.plan.make_plan` compiled for ``target`` by its own compiler, over its
+def make_target_plan(cfg: Config, target: Target, device_memory: int, prompt_len: int,
+                     make_plan: Any) -> dict[str, Any]:
+    """``make_plan`` (`ais_jax.run.plan.make_plan`) compiled for ``target`` by its own compiler, over its
     compile-only devices; the mesh takes the first ``mesh.data x mesh.fsdp x mesh.tensor`` of
     them.  Adds ``target`` (name, topology, devices, device kind, compiler, XLA flags).
 
     Raises:
       UsageError: the plugin refuses the topology, or `make_plan`'s errors.
     """
-    from ais_jax.run.plan import make_plan
     from ais_jax.training import sharding as shd
 
     devices = target_devices(target)
