@@ -196,9 +196,10 @@ def check_target_mesh(target: Target, cfg: Config) -> None:
 
 def make_target_plan(cfg: Config, target: Target, device_memory: int, prompt_len: int,
                      make_plan: Any) -> dict[str, Any]:
-    """``make_plan`` (`ais_jax.run.plan.make_plan`) compiled for ``target`` by its own compiler, over its
-    compile-only devices; the mesh takes the first ``mesh.data x mesh.fsdp x mesh.tensor`` of
-    them.  Adds ``target`` (name, topology, devices, device kind, compiler, XLA flags).
+    """``make_plan`` (`ais_jax.run.plan.make_plan`) compiled for ``target`` by its own
+    compiler, over its compile-only devices; the mesh takes the first ``mesh.data x mesh.fsdp
+    x mesh.tensor`` of them.  Adds ``target`` (name, topology, devices, device kind, compiler,
+    XLA flags).
 
     Raises:
       UsageError: the plugin refuses the topology, or `make_plan`'s errors.
