@@ -133,3 +133,24 @@ def test_tiny_plan_for_v5e_1_with_libtpu():
     a = out["analytic"]
     assert out["init"]["output_bytes"] >= a["params_bytes"] + a["opt_state_bytes"]
     assert "cpu_widening" not in out
+
+
+class _Lowered:  # a lowered program whose compile fails with ``error``
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def compile(self):
+        raise self.error
+
+
+def test_a_program_refused_for_memory_is_reported_not_raised():
+    from ais_jax.run import plan_report as pr
+
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+           "temporaries (16.56G) exceeds available HBM (15.75G).")
+    p = pr.compile_program(_Lowered(RuntimeError(msg)))
+    assert p["peak_bytes"] is None and p["refused"] == msg
+    with pytest.raises(RuntimeError, match="INTERNAL"):  # other compiler errors propagate
+        pr.compile_program(_Lowered(RuntimeError("INTERNAL: no tile sizes")))
+    assert pr.plus_resident(p, 5) is None and pr.plus_resident({"peak_bytes": 7}, 5) == 12
+    assert pr.fits([7, 12], 12) and not pr.fits([7, 13], 12) and not pr.fits([None, 1], 12)

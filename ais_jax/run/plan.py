@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +34,12 @@ from ais_jax.run.plan_report import (
     check_batch,
     check_prompt_len,
     compile_init,
-    compiled_memory,
+    compile_program,
     cpu_widening_probe,
+    fits,
     format_plan,
     parse_bytes,
+    plus_resident,
 )
 
 _check_batch = check_batch  # the name tests/test_plan.py uses
@@ -206,17 +207,13 @@ def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: An
                                sds((B, N), jnp.float32))
     ref = state.params if cfg.train.beta_kl > 0 and lora_policy is None else None
     out = {}
-    t0 = time.perf_counter()
     # The run's update program: logp_old comes from the score program (a forward of the
     # same rows, smaller than the update) unless the update takes it from its own forward.
     logp_old = sds((B, N), jnp.float32) if fns.score_for_update else None
-    upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref,
-                           logp_old).compile()
-    out["update"] = compiled_memory(upd, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    roll = fns.rollout.lower(state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_),
-                             key).compile()
-    out["rollout"] = compiled_memory(roll, time.perf_counter() - t0)
+    out["update"] = compile_program(fns.update.lower(
+        state, batch, sds((Pn, r.group_size), jnp.float32), key, ref, logp_old))
+    out["rollout"] = compile_program(fns.rollout.lower(
+        state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_), key))
     return out
 
 
@@ -274,12 +271,12 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
     resident = analytic["opt_state_bytes"]
     if cfg.train.beta_kl > 0 and pol is None:
         resident += analytic["params_bytes"]
-    roll_peak = programs["rollout"]["peak_bytes"] + resident
+    roll_peak = plus_resident(programs["rollout"], resident)
     r = cfg.rollout
     plan: dict[str, Any] = {
         **programs, "devices": devices,
-        "fits": max(programs["update"]["peak_bytes"], programs["init"]["peak_bytes"],
-                    roll_peak) <= device_memory,
+        "fits": fits([programs["update"]["peak_bytes"], programs["init"]["peak_bytes"],
+                      roll_peak], device_memory),
         "device_memory_bytes": device_memory, "rollout_resident_peak_bytes": roll_peak,
         "backend": jax.default_backend(),
         "model": {"source": cfg.model.source, "from": origin, "params": model_cfg.num_params,

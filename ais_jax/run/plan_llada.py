@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any
 
 from ais_jax.config.schema import Config
@@ -34,8 +33,10 @@ from ais_jax.core.errors import UsageError
 from ais_jax.run.plan_report import (
     analytic_bytes,
     compile_init,
-    compiled_memory,
+    compile_program,
     cpu_widening_probe,
+    fits,
+    plus_resident,
 )
 
 
@@ -105,15 +106,10 @@ def _compile_programs(cfg: Config, lcfg: Any, mesh: Any, state: Any, optimizer: 
     logp_old = jax.eval_shape(fns.score, state.params, batch)
     ref = state.params if cfg.train.beta_kl > 0 and pol is None else None
     out = {}
-    t0 = time.perf_counter()
-    upd = fns.update.lower(state, batch, sds((Pn, G), jnp.float32), key, ref, logp_old).compile()
-    out["update"] = compiled_memory(upd, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    roll = fns.rollout.lower(state.params, prompts, pmask, key).compile()
-    out["rollout"] = compiled_memory(roll, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    sc = fns.score.lower(state.params, batch).compile()
-    out["score"] = compiled_memory(sc, time.perf_counter() - t0)
+    out["update"] = compile_program(fns.update.lower(state, batch, sds((Pn, G), jnp.float32), key,
+                                                     ref, logp_old))
+    out["rollout"] = compile_program(fns.rollout.lower(state.params, prompts, pmask, key))
+    out["score"] = compile_program(fns.score.lower(state.params, batch))
     return out
 
 
@@ -177,13 +173,13 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
     # the KL reference is resident unless it is LoRA's frozen base (then it is the params)
     resident = analytic["opt_state_bytes"] + (analytic["params_bytes"] if t.beta_kl > 0
                                               and pol is None else 0)
-    roll_peak = programs["rollout"]["peak_bytes"] + resident
-    score_peak = programs["score"]["peak_bytes"] + resident
+    roll_peak = plus_resident(programs["rollout"], resident)
+    score_peak = plus_resident(programs["score"], resident)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(full.params))
     plan: dict[str, Any] = {
         **programs, "devices": devices,
-        "fits": max(programs["update"]["peak_bytes"], programs["init"]["peak_bytes"], roll_peak,
-                    score_peak) <= device_memory,
+        "fits": fits([programs["update"]["peak_bytes"], programs["init"]["peak_bytes"],
+                      roll_peak, score_peak], device_memory),
         "device_memory_bytes": device_memory, "rollout_resident_peak_bytes": roll_peak,
         "score_resident_peak_bytes": score_peak, "backend": jax.default_backend(),
         "model": {"source": cfg.model.source, "from": origin, "kind": "llada",
