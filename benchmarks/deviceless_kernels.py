@@ -7,9 +7,9 @@
 Needs the CUDA PJRT plugin (``jax-cuda12-plugin`` + ``jax-cuda12-pjrt``, installed with
 ``--no-deps`` into a venv beside the project's jax; docs/measurements/deviceless_gpu_compile.md)
 but no GPU, driver or CUDA library: the program is compiled for a compile-only topology built
-from XLA's H200 target spec (``--target``; default: the copy below, XLA's ``h200.txtpb`` without
-the ``collective_memory_granularity`` field that 0.10.2 does not know).  Without the plugin the
-script prints one line and exits 2.
+from XLA's H200 target spec (``--target``; default: `ais_jax.run.plan_target.gpu_spec`,
+XLA's ``h200.txtpb`` without the ``collective_memory_granularity`` field 0.10.2 does not know).
+Without the plugin the script prints one line and exits 2.
 
 Per arm (`gpu_rollout.ARMS`; a ``_fused`` suffix adds ``rollout.fused_linears=true``) it builds the
 rollout program of ``steps.build_step_fns`` for the model's YAML config with ``rows / 8``
@@ -45,56 +45,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _hlo_stats as hs  # pure text parsing, no jax
 
+from ais_jax.run.plan_target import gpu_spec  # the H100 / H200 target spec texts
+
 G = 8
-H200_SPEC = """gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 4800000000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 151397597184
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability {
-    major: 9
-    feature_extension: ACCELERATED_FEATURES
-  }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-  thread_dim_limit_x: 1024
-  thread_dim_limit_y: 1024
-  thread_dim_limit_z: 64
-  device_vendor: "NVIDIA Corporation"
-  platform_version: "Compute Capability 9.0a"
-  model_str: "MODEL_STR"
-  device_address_bits: 64
-  pcie_bandwidth: 34359738368
-  ecc_enabled: true
-  name: "NVIDIA H200 141GB HBM3e"
-  driver_version: "13.0.0"
-  runtime_version: "12.8.0"
-  compile_time_toolkit_version: "12.8.0"
-  dnn_version: "9.10.0"
-  cub_version: "3.1.2"
-}
-platform_name: "CUDA"
-dnn_version_info {
-  major: 9
-  minor: 10
-  patch: 0
-}
-device_description_str: "NVIDIA H200 141GB HBM3e"
-""".replace("MODEL_STR", "sm_9.0a with 151397597184B RAM, 132 cores, 1980000KHz clock, "
-            "3750000KHz mem clock, 52428800B L2$")
 # XLA's xla/backends/gpu/target_config/specs/h200.txtpb (openxla/xla 4336d12e) with the line
 # "collective_memory_granularity: 2097152" removed (jax 0.10.2's proto has no such field)
+H200_SPEC = gpu_spec("h200")
 _GEMM_TARGET = re.compile(r"gemm|matmul|cublas", re.I)
 
 

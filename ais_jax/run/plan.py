@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +33,13 @@ from ais_jax.run.plan_report import (
     analytic_bytes,
     check_batch,
     check_prompt_len,
-    compiled_memory,
+    compile_init,
+    compile_program,
     cpu_widening_probe,
+    fits,
     format_plan,
     parse_bytes,
+    plus_resident,
 )
 
 _check_batch = check_batch  # the name tests/test_plan.py uses
@@ -253,36 +255,34 @@ def _compile_programs(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: An
                                sds((B, N), jnp.float32))
     ref = state.params if cfg.train.beta_kl > 0 and lora_policy is None else None
     out = {}
-    t0 = time.perf_counter()
     # The run's update program: logp_old comes from the score program (a forward of the
     # same rows, smaller than the update) unless the update takes it from its own forward.
     logp_old = sds((B, N), jnp.float32) if fns.score_for_update else None
-    upd = fns.update.lower(state, batch, sds((Pn, r.group_size), jnp.float32), key, ref,
-                           logp_old).compile()
-    out["update"] = compiled_memory(upd, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    roll = fns.rollout.lower(state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_),
-                             key).compile()
-    out["rollout"] = compiled_memory(roll, time.perf_counter() - t0)
+    out["update"] = compile_program(fns.update.lower(
+        state, batch, sds((Pn, r.group_size), jnp.float32), key, ref, logp_old))
+    out["rollout"] = compile_program(fns.rollout.lower(
+        state.params, sds((Pn, P), jnp.int32), sds((Pn, P), jnp.bool_), key))
     return out
 
 
 def make_plan(cfg: Config, devices: int, device_memory: int,
-              prompt_len: int = DEFAULT_PROMPT_LEN) -> dict[str, Any]:
+              prompt_len: int = DEFAULT_PROMPT_LEN, mesh: Mesh | None = None) -> dict[str, Any]:
     """The plan of ``cfg`` on ``devices`` devices (JAX must already see them).
 
-    ``fits``: the update's peak and the rollout's peak plus the optimizer state
-    (resident while the rollout runs; plus the KL reference params if
-    ``train.beta_kl > 0``) are both at most ``device_memory``.
+    ``fits``: the start-up program's peak (`plan_report.compile_init`), the update's peak
+    and the rollout's peak plus the optimizer state (resident while the rollout runs; plus
+    the KL reference params if ``train.beta_kl > 0``) are all at most ``device_memory``.
 
     Args:
       cfg: the run config.
       devices: the device count (recorded; see `configure_devices`).
       device_memory: bytes of one device.
       prompt_len: the prompt bucket ``P``.
+      mesh: the mesh to compile for (default `build.build_mesh`: the visible devices; a
+        target's compile-only devices: `make_target_plan`).
 
     Returns:
-      The JSON object `main` prints: ``update`` / ``rollout`` memory (bytes per
+      The JSON object `main` prints: ``init`` / ``update`` / ``rollout`` memory (bytes per
       device), ``devices``, ``fits``, ``device_memory_bytes``, ``model``,
       ``mesh``, ``shapes``, ``analytic``, ``rollout_resident_peak_bytes``.
 
@@ -297,10 +297,12 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
 
     if build.model_kind(cfg) == "llada":  # the masked-diffusion programs
         from ais_jax.run.plan_llada import make_llada_plan
-        return make_llada_plan(cfg, devices, device_memory, prompt_len)
+        return make_llada_plan(cfg, devices, device_memory, prompt_len, mesh)
+    from ais_jax.models.model import init_params
+
     model_cfg, origin = resolve_model_config(cfg)
     check_prompt_len(prompt_len, cfg, model_cfg)
-    mesh = build.build_mesh(cfg)
+    mesh = build.build_mesh(cfg) if mesh is None else mesh
     check_batch(cfg, shd.batch_divisor(mesh))
     optimizer, _ = build.build_optimizers(cfg)
     state = abstract_state(cfg, model_cfg, mesh, optimizer)
@@ -308,7 +310,8 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
     if cfg.lora.rank > 0:  # the state holds the adapters; the programs take the frozen base
         from ais_jax.run.plan_report import abstract_lora
         state, pol = abstract_lora(cfg, model_cfg, mesh, full, optimizer)
-    programs = _compile_programs(cfg, model_cfg, mesh, state, optimizer, prompt_len, pol)
+    programs = {"init": compile_init(cfg, model_cfg, mesh, state, optimizer, init_params, pol),
+                **_compile_programs(cfg, model_cfg, mesh, state, optimizer, prompt_len, pol)}
     # LoRA: the params are the base (compute dtype), the optimizer state the adapters'
     analytic = analytic_bytes(cfg, model_cfg, mesh, state if pol is None else full._replace(
         params=pol.base, opt_state=state.opt_state), prompt_len)
@@ -316,11 +319,12 @@ def make_plan(cfg: Config, devices: int, device_memory: int,
     resident = analytic["opt_state_bytes"]
     if cfg.train.beta_kl > 0 and pol is None:
         resident += analytic["params_bytes"]
-    roll_peak = programs["rollout"]["peak_bytes"] + resident
+    roll_peak = plus_resident(programs["rollout"], resident)
     r = cfg.rollout
     plan: dict[str, Any] = {
         **programs, "devices": devices,
-        "fits": max(programs["update"]["peak_bytes"], roll_peak) <= device_memory,
+        "fits": fits([programs["update"]["peak_bytes"], programs["init"]["peak_bytes"],
+                      roll_peak], device_memory),
         "device_memory_bytes": device_memory, "rollout_resident_peak_bytes": roll_peak,
         "backend": jax.default_backend(),
         "model": {"source": cfg.model.source, "from": origin, "params": model_cfg.num_params,
@@ -356,8 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", help="YAML config (default: configs/tiny_arithmetic.yaml)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mesh.fsdp=8")
     ap.add_argument("--devices", type=int, help="simulated devices (default: the mesh product)")
-    ap.add_argument("--device-memory", default=DEFAULT_DEVICE_MEMORY,
-                    help="memory of one device, e.g. 80GB, 16GiB (default 80GB)")
+    ap.add_argument("--target", help="compile for an accelerator with its own compiler, "
+                    "deviceless: v5e-1, v5e-16, v6e-8, v5p-8, tpu7x-8, h100, h100x8, ... "
+                    "(needs libtpu / the CUDA plugin; default: simulate on CPU)")
+    ap.add_argument("--device-memory", default=None,
+                    help="memory of one device, e.g. 80GB, 16GiB (default: the target's; "
+                         "80GB for the CPU simulation)")
     ap.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT_LEN,
                     help=f"prompt bucket P (default {DEFAULT_PROMPT_LEN})")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -365,16 +373,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_intermixed_args(argv)
         from ais_jax.config.schema import DEFAULT_CONFIG_PATH
 
-        memory = parse_bytes(args.device_memory)
+        target = None
+        if args.target is not None:
+            from ais_jax.run import plan_target as pt
+
+            target = pt.parse_target(args.target)
+            if args.devices is not None:
+                raise UsageError(f"--devices simulates CPU devices and --target {target.name} "
+                                 f"brings its own {target.devices}; give one of them")
+            missing = pt.plugin_missing(target)
+            if missing:
+                raise UsageError(missing)
+        memory = parse_bytes(args.device_memory or (DEFAULT_DEVICE_MEMORY if target is None
+                                                    else str(target.device_memory)))
         cfg = load_plan_config(args.config or DEFAULT_CONFIG_PATH, args.overrides)
         devices = (args.devices if args.devices is not None
                    else cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor)
-        check_devices(devices, cfg)  # before JAX makes any device or compiles anything
+        # before JAX makes any device or compiles anything
+        check_devices(devices, cfg) if target is None else pt.check_target_mesh(target, cfg)
         model_cfg = resolve_model_config(cfg)[0]
         check_prompt_len(args.prompt_len, cfg, model_cfg)
-        check_plan_sizes(cfg, model_cfg, args.prompt_len, devices, memory)  # before tracing
-        configure_devices(devices)
-        plan = make_plan(cfg, devices, memory, args.prompt_len)
+        check_plan_sizes(cfg, model_cfg, args.prompt_len,  # before tracing
+                         devices if target is None else target.devices, memory)
+        if target is None:
+            configure_devices(devices)
+            plan = make_plan(cfg, devices, memory, args.prompt_len)
+        else:
+            pt.prepare_env(target)
+            configure_devices(1)  # the default backend stays one CPU device
+            plan = pt.make_target_plan(cfg, target, memory, args.prompt_len, make_plan)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

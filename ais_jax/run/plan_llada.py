@@ -26,12 +26,18 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any
 
 from ais_jax.config.schema import Config
 from ais_jax.core.errors import UsageError
-from ais_jax.run.plan_report import analytic_bytes, compiled_memory, cpu_widening_probe
+from ais_jax.run.plan_report import (
+    analytic_bytes,
+    compile_init,
+    compile_program,
+    cpu_widening_probe,
+    fits,
+    plus_resident,
+)
 
 
 def resolve_llada_config(cfg: Config) -> tuple[Any, str]:
@@ -100,23 +106,19 @@ def _compile_programs(cfg: Config, lcfg: Any, mesh: Any, state: Any, optimizer: 
     logp_old = jax.eval_shape(fns.score, state.params, batch)
     ref = state.params if cfg.train.beta_kl > 0 and pol is None else None
     out = {}
-    t0 = time.perf_counter()
-    upd = fns.update.lower(state, batch, sds((Pn, G), jnp.float32), key, ref, logp_old).compile()
-    out["update"] = compiled_memory(upd, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    roll = fns.rollout.lower(state.params, prompts, pmask, key).compile()
-    out["rollout"] = compiled_memory(roll, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    sc = fns.score.lower(state.params, batch).compile()
-    out["score"] = compiled_memory(sc, time.perf_counter() - t0)
+    out["update"] = compile_program(fns.update.lower(state, batch, sds((Pn, G), jnp.float32), key,
+                                                     ref, logp_old))
+    out["rollout"] = compile_program(fns.rollout.lower(state.params, prompts, pmask, key))
+    out["score"] = compile_program(fns.score.lower(state.params, batch))
     return out
 
 
 def make_llada_plan(cfg: Config, devices: int, device_memory: int,
-                    prompt_len: int) -> dict[str, Any]:
+                    prompt_len: int, mesh: Any = None) -> dict[str, Any]:
     """The plan of a LLaDA run on ``devices`` devices (JAX must already see them).
 
-    ``fits``: the update's peak, and the rollout's and the score's peaks plus the
+    ``fits``: the start-up program's and the update's peaks, and the rollout's and the
+    score's peaks plus the
     resident optimizer state (and the KL reference with ``train.beta_kl > 0``), are
     all at most ``device_memory``.
 
@@ -125,6 +127,7 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
       devices: the device count (recorded).
       device_memory: bytes of one device.
       prompt_len: the prompt bucket ``P``.
+      mesh: the mesh to compile for (default `build.build_mesh`).
 
     Returns:
       `ais_jax.run.plan.make_plan`'s JSON object (same keys) plus ``score`` and
@@ -138,7 +141,7 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
     import jax
 
     from ais_jax.config.checks import check_diffusion
-    from ais_jax.models.llada.model import param_table
+    from ais_jax.models.llada.model import init_params, param_table
     from ais_jax.run.plan_report import abstract_state, check_batch, check_prompt_len
     from ais_jax.training import build
     from ais_jax.training import sharding as shd
@@ -146,7 +149,7 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
     check_diffusion(cfg)
     lcfg, origin = resolve_llada_config(cfg)
     check_prompt_len(prompt_len, cfg, lcfg)
-    mesh = build.build_mesh(cfg)
+    mesh = build.build_mesh(cfg) if mesh is None else mesh
     shards = shd.batch_divisor(mesh)
     check_batch(cfg, shards)
     optimizer, _ = build.build_optimizers(cfg)
@@ -156,7 +159,8 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
         from ais_jax.run.plan_report import abstract_lora
 
         state, pol = abstract_lora(cfg, lcfg, mesh, full, optimizer)
-    programs = _compile_programs(cfg, lcfg, mesh, state, optimizer, prompt_len, pol)
+    programs = {"init": compile_init(cfg, lcfg, mesh, state, optimizer, init_params, pol),
+                **_compile_programs(cfg, lcfg, mesh, state, optimizer, prompt_len, pol)}
     r, t = cfg.rollout, cfg.train
     B, N = r.prompts_per_step * r.group_size, r.max_new_tokens
     # LoRA: the params are the base (compute dtype), the optimizer state the adapters'
@@ -169,12 +173,13 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
     # the KL reference is resident unless it is LoRA's frozen base (then it is the params)
     resident = analytic["opt_state_bytes"] + (analytic["params_bytes"] if t.beta_kl > 0
                                               and pol is None else 0)
-    roll_peak = programs["rollout"]["peak_bytes"] + resident
-    score_peak = programs["score"]["peak_bytes"] + resident
+    roll_peak = plus_resident(programs["rollout"], resident)
+    score_peak = plus_resident(programs["score"], resident)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(full.params))
     plan: dict[str, Any] = {
         **programs, "devices": devices,
-        "fits": max(programs["update"]["peak_bytes"], roll_peak, score_peak) <= device_memory,
+        "fits": fits([programs["update"]["peak_bytes"], programs["init"]["peak_bytes"],
+                      roll_peak, score_peak], device_memory),
         "device_memory_bytes": device_memory, "rollout_resident_peak_bytes": roll_peak,
         "score_resident_peak_bytes": score_peak, "backend": jax.default_backend(),
         "model": {"source": cfg.model.source, "from": origin, "kind": "llada",

@@ -107,6 +107,67 @@ def compiled_memory(compiled: Any, seconds: float) -> dict[str, float]:
     return {**out, "compile_s": round(seconds, 2)}
 
 
+def compile_program(lowered: Any) -> dict[str, Any]:
+    """Compile ``lowered`` and read its bytes (`compiled_memory`).  A program the compiler
+    refuses for memory (TPU: ``RESOURCE_EXHAUSTED: Ran out of memory on HBM ...``) gives
+    ``peak_bytes: None`` and the compiler's line as ``refused``; other errors propagate."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # jax.errors.JaxRuntimeError, imported lazily
+        msg = " ".join(str(e).split())
+        if "RESOURCE_EXHAUSTED" not in msg:
+            raise
+        return {"peak_bytes": None, "refused": msg[:400],
+                "compile_s": round(time.perf_counter() - t0, 2)}
+    return compiled_memory(compiled, time.perf_counter() - t0)
+
+
+def plus_resident(program: dict[str, Any], resident: int) -> int | None:
+    """A program's peak plus the bytes resident beside it; None if the compiler refused it."""
+    return None if program["peak_bytes"] is None else program["peak_bytes"] + resident
+
+
+def fits(peaks: list[int | None], device_memory: int) -> bool:
+    """Every peak known (no program refused) and at most ``device_memory``."""
+    return all(p is not None and p <= device_memory for p in peaks)
+
+
+def compile_init(cfg: Config, model_cfg: Any, mesh: Mesh, state: Any, optimizer: Any,
+                 init_params: Any, pol: Any = None) -> dict[str, float]:
+    """The start-up program's per-device bytes (`compile_program`): ``jax.jit(lambda key:
+    optim.init_train_state(init_params(key, model_cfg, dtype), optimizer), out_shardings=
+    steps.state_shardings(...))``, the train state made sharded from the first byte.
+
+    ``pol``: LoRA's abstract policy; the program then makes the adapters' state (float32, fresh
+    ``lora.init_adapters``) and the frozen base's shards (compute dtype; a run loads these).
+    """
+    import jax
+
+    from ais_jax.training import optim, steps
+    from ais_jax.training import sharding as shd
+
+    rep = shd.replicated(mesh)
+    if pol is None:
+        dtype = jax.tree.leaves(state.params)[0].dtype
+        fn = lambda key: optim.init_train_state(  # noqa: E731
+            init_params(key, model_cfg, dtype), optimizer)
+        out_sh = steps.state_shardings(state, mesh)
+    else:
+        from ais_jax.models import lora
+
+        def fn(key):
+            k1, k2 = jax.random.split(key)
+            adapters = lora.init_adapters(k1, model_cfg, pol.cfg)
+            return (optim.init_train_state(adapters, optimizer),
+                    init_params(k2, model_cfg, pol.compute_dtype))
+        out_sh = (steps.state_shardings(state, mesh, pol.cfg), pol.base_shardings)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return compile_program(jax.jit(fn, in_shardings=rep, out_shardings=out_sh).lower(key))
+
+
 def parse_bytes(text: str) -> int:
     """A memory size in bytes: ``"80GB"`` -> 80e9, ``"16GiB"`` -> 16 * 2**30, ``"1000"`` -> 1000.
 
@@ -233,18 +294,25 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"model {m['source']} ({m['from']}): {m['params'] / 1e9:.3f}B params, "
         f"{m['param_dtype']} master; mesh data={mesh['data']} fsdp={mesh['fsdp']} "
         f"tensor={mesh['tensor']} on {plan['devices']} {plan['backend']} devices",
+        (f"target {plan['target']['name']}: compiled by the {plan['target']['compiler']} for "
+         f"{plan['target']['devices']} x {plan['target']['device_kind']}, deviceless"
+         if "target" in plan else "CPU simulation (the default): compiled by XLA's CPU "
+         "backend; --target NAME compiles for a TPU or GPU with its own compiler"),
         f"batch: {s['prompts']} prompts x {s['group']} = {s['rows']} rows, prompt "
         f"{s['prompt_len']} + {s['new_tokens']} new tokens, {s['minibatches']} minibatches",
         "", f"{'GB per device':<22}" + "".join(f"{k[:-6]:>10}" for k in MEMORY_KEYS)
         + f"{'compile s':>11}"]
-    for name in ("update", "rollout", "score"):  # score: a LLaDA plan's own program
+    for name in ("init", "update", "rollout", "score"):  # score: a LLaDA plan's own program
         if name not in plan:
             continue
         p = plan[name]
-        lines.append(f"{name:<22}" + "".join(g(p[k]) for k in MEMORY_KEYS)
-                     + f"{p['compile_s']:11.1f}")
+        lines.append(f"{name:<22}" + (f"refused by the compiler: {p['refused']}"
+                                      if p["peak_bytes"] is None else
+                                      "".join(g(p[k]) for k in MEMORY_KEYS)
+                                      + f"{p['compile_s']:11.1f}"))
+    resident = plan["rollout_resident_peak_bytes"]
     lines += [f"{'rollout + resident optimizer state':<62}"
-              f"{g(plan['rollout_resident_peak_bytes'])}",
+              f"{'refused' if resident is None else g(resident)}",
               "(peak = argument + output + temp - alias)", "", "analytic, GB per device:"]
     rows = [
         ("params_bytes", f"params ({m['param_dtype']}; ~ total / (fsdp x tensor))"),
@@ -261,9 +329,14 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  (per layer per row kept for the backward: "
                  f"{a['activation_bytes_per_layer_row'] / 1e6:.2f} MB; no remat "
                  "2T(4D + 2QH + 2KH + 3F) + 8QT^2, dots 2T(QH + 2KH + 2D + 2F), full 2TD)")
-    worst = max(plan["update"]["peak_bytes"], plan["rollout_resident_peak_bytes"])
+    peaks = [plan[k]["peak_bytes"] for k in ("init", "update") if k in plan]
+    peaks = [p for p in (*peaks, resident) if p is not None]
+    refused = [k for k in ("init", "update", "rollout", "score")
+               if k in plan and plan[k]["peak_bytes"] is None]
     lines += ["", f"verdict: {'fits' if plan['fits'] else 'does not fit'} in "
-                  f"{plan['device_memory_bytes'] / GB:.1f} GB (largest peak {worst / GB:.2f} GB)"]
+                  f"{plan['device_memory_bytes'] / GB:.1f} GB (largest peak "
+                  f"{max(peaks, default=0) / GB:.2f} GB"
+                  + (f"; refused for memory: {', '.join(refused)})" if refused else ")")]
     if "cpu_widening" in plan:
         w = plan["cpu_widening"]
         lines.append(
