@@ -140,7 +140,7 @@ def test_nan_sampler_logprob_skips_the_update():
 
 
 def test_warmup_counts_rl_steps_and_starts_above_zero():
-    from ais_jax.training.build import rl_warmup
+    from ais_jax.training.optim import rl_warmup
 
     sched = rl_warmup(1e-3, warmup_steps=10, updates_per_step=4)  # e.g. 4 minibatches
     lrs = np.array([float(sched(c)) for c in range(48)])

@@ -51,7 +51,10 @@ def init_params(key: jax.Array, cfg: ModelConfig, dtype: Any = jnp.float32) -> d
             return jnp.ones(shape, dtype)
         if info.init == "zeros":
             return jnp.zeros(shape, dtype)
-        return (info.std(cfg) * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+        # the barrier keeps XLA from folding ``std`` into the sampler's constants under jit, so
+        # the sharded start-up (`ais_jax.training.startup.init_on_mesh`) draws the eager bits
+        z = jax.lax.optimization_barrier(jax.random.normal(next(keys), shape, jnp.float32))
+        return (info.std(cfg) * z).astype(dtype)
 
     table = layout.param_table(cfg)
     layers = {name: init(info) for name, info in table.pop("layers").items()}  # draw first

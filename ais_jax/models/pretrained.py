@@ -36,6 +36,8 @@ from ais_jax.models.model import ModelConfig
 from ais_jax.models.weight_files import SafetensorsFiles, read_json, shard_files
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# ``model_cfg ->`` a params-shaped tree of shardings (`load_pretrained`), or None
+Shardings = Callable[[ModelConfig], Any] | None
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -43,55 +45,65 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def _assemble(
     cfg: ModelConfig,
-    get: Callable[[str], np.ndarray | None],
+    get: Callable[[str], weight_files.LazyTensor | None],
     names: list[str],
     name_of: Callable[[str, int | None], str],
     source: str,
     dtype: Any,
     ignore: Callable[[str], bool] = lambda n: False,
     check_finite: bool = True,
+    shardings: Shardings = None,
 ) -> dict:
     """Build the stacked params tree from per-tensor ``get(name)`` lookups, checking shapes.
 
-    With ``check_finite`` a NaN or infinite value (also one made by the cast to
-    ``dtype``) is a `CheckpointError` naming the tensor.
+    Every tensor's presence and shape is checked from the files' headers before any weight
+    is read.  With ``check_finite`` a NaN or infinite value (also one made by the cast to
+    ``dtype``) is a `CheckpointError` naming the tensor.  With ``shardings`` (``cfg ->`` a
+    params-shaped tree of `jax.sharding.Sharding`) each leaf goes straight into its shards
+    (`ais_jax.models.weight_files.build_leaf`): a process reads only the slices its devices
+    hold.
     """
     table = layout.param_table(cfg)
     np_dtype = np.dtype(jnp.dtype(dtype))
     used: set[str] = set()
 
-    def fetch(key: str, layer: int | None, shape: tuple[int, ...]) -> np.ndarray:
+    def tensor(key: str, layer: int | None, shape: tuple[int, ...]) -> weight_files.LazyTensor:
         name = name_of(key, layer)
-        arr = get(name)
-        if arr is None:
+        t = get(name)
+        if t is None:
             raise CheckpointError(f"tensor {name!r} is missing from {source}; the config "
                                   "describes weights the checkpoint lacks (check its flags)")
-        if tuple(arr.shape) != shape:
-            raise CheckpointError(f"tensor {name!r} in {source} has shape {tuple(arr.shape)} but "
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"tensor {name!r} in {source} has shape {tuple(t.shape)} but "
                                   f"the config implies {shape}; fix the config to match them")
         used.add(name)
-        with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
-            out = arr.astype(np_dtype)
-        if check_finite:
-            weight_files.check_finite(out, name, source)
-        return out
+        return t
 
     layers = table.pop("layers")
-    params: dict[str, Any] = {k: jnp.asarray(fetch(k, None, info.shape(cfg)))
-                              for k, info in sorted(table.items())}
-    params["layers"] = {
-        k: jnp.asarray(np.stack([fetch(k, i, info.shape(cfg)[1:]) for i in range(cfg.num_layers)]))
-        for k, info in sorted(layers.items())
-    }
+    top_parts = {k: ([tensor(k, None, info.shape(cfg))], [name_of(k, None)])
+                 for k, info in sorted(table.items())}
+    layer_parts = {k: ([tensor(k, i, info.shape(cfg)[1:]) for i in range(cfg.num_layers)],
+                       [name_of(k, i) for i in range(cfg.num_layers)])
+                   for k, info in sorted(layers.items())}
     extra = sorted(n for n in names if n not in used and not ignore(n))
     if extra:
         more = "..." if len(extra) > 3 else ""
         raise CheckpointError(f"{source} holds tensors the config does not describe ({extra[:3]}"
                               f"{more}); fix the config to match the weights")
+    sh = shardings(cfg) if shardings is not None else None
+    params: dict[str, Any] = {
+        k: weight_files.build_leaf(parts, nm, False, np_dtype, source, check_finite,
+                                   None if sh is None else sh[k])
+        for k, (parts, nm) in top_parts.items()}
+    params["layers"] = {
+        k: weight_files.build_leaf(parts, nm, True, np_dtype, source, check_finite,
+                                   None if sh is None else sh["layers"][k])
+        for k, (parts, nm) in layer_parts.items()}
     return params
 
 
-def _load_hf_dir(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelConfig]:
+def _load_hf_dir(path: str, dtype: Any, check_finite: bool,
+                 shardings: Shardings = None) -> tuple[dict, ModelConfig]:
     cfg = model_config_from_hf(read_json(os.path.join(path, "config.json")))
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):  # e.g. Llama-3 instruct lists extra EOS ids only here
@@ -113,15 +125,16 @@ def _load_hf_dir(path: str, dtype: Any, check_finite: bool) -> tuple[dict, Model
         if not files:
             files = {n: found[0] for n in handle(found[0]).keys()}  # noqa: SIM118
 
-        def get(name: str) -> np.ndarray | None:
-            return handle(files[name]).get_tensor(name) if name in files else None
+        def get(name: str) -> weight_files.LazyTensor | None:
+            return (weight_files.safetensors_tensor(handle(files[name]), name)
+                    if name in files else None)
 
         def ignore(name: str) -> bool:  # rotary buffers of old checkpoints; tied lm_head copies
             return name.endswith("rotary_emb.inv_freq") or (
                 name == layout.hf_name("lm_head") and cfg.tie_embeddings)
 
         params = _assemble(cfg, get, list(files), layout.hf_name, f"{path}", dtype, ignore,
-                           check_finite)
+                           check_finite, shardings)
     return params, cfg
 
 
@@ -134,7 +147,8 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _load_gguf(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelConfig]:
+def _load_gguf(path: str, dtype: Any, check_finite: bool,
+               shardings: Shardings = None) -> tuple[dict, ModelConfig]:
     import gguf
 
     try:
@@ -150,7 +164,7 @@ def _load_gguf(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelCo
     tensors = {t.name: t for t in reader.tensors}
     cfg = model_config_from_gguf(field, {n: tuple(t.shape) for n, t in tensors.items()}, path)
 
-    def get(name: str) -> np.ndarray | None:
+    def get(name: str) -> weight_files.LazyTensor | None:
         t = tensors.get(name)
         if t is None:
             return None
@@ -160,14 +174,15 @@ def _load_gguf(path: str, dtype: Any, check_finite: bool) -> tuple[dict, ModelCo
             w = _unpermute_rope(w, cfg.num_heads)
         elif cfg.arch == "llama" and ".attn_k." in name:
             w = _unpermute_rope(w, cfg.num_kv_heads)
-        return w
+        return weight_files.array_tensor(w)  # GGUF blocks dequantize whole tensors
 
     return _assemble(cfg, get, list(tensors), layout.gguf_name, path, dtype,
-                     check_finite=check_finite), cfg
+                     check_finite=check_finite, shardings=shardings), cfg
 
 
 def load_pretrained(
-    path: str | os.PathLike, dtype: Any = jnp.bfloat16, *, check_finite: bool = True
+    path: str | os.PathLike, dtype: Any = jnp.bfloat16, *, check_finite: bool = True,
+    shardings: Shardings = None,
 ) -> tuple[dict, ModelConfig]:
     """Load params and config from an HF directory or a ``.gguf`` file.
 
@@ -180,6 +195,10 @@ def load_pretrained(
       dtype: dtype of every params leaf.
       check_finite: refuse weights holding NaN or inf after the cast to
         ``dtype`` (one pass over each tensor); False skips the check.
+      shardings: ``model_cfg -> `` a params-shaped tree of `jax.sharding.Sharding`: every
+        leaf is built straight into its shards (`jax.make_array_from_callback` over slices
+        read lazily from the safetensors files), so no device or host holds a whole leaf it
+        will not keep.  None: whole leaves on the default device.
 
     Returns:
       ``(params, cfg)``: params in the layout of `ais_jax.models.model` (see its
@@ -195,10 +214,10 @@ def load_pretrained(
     if os.path.isdir(path):
         ggufs = glob.glob(os.path.join(path, "*.gguf"))
         if not os.path.exists(os.path.join(path, "config.json")) and len(ggufs) == 1:
-            return _load_gguf(ggufs[0], dtype, check_finite)
-        return _load_hf_dir(path, dtype, check_finite)
+            return _load_gguf(ggufs[0], dtype, check_finite, shardings)
+        return _load_hf_dir(path, dtype, check_finite, shardings)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return _load_gguf(path, dtype, check_finite)
+        return _load_gguf(path, dtype, check_finite, shardings)
     if os.path.isfile(path):
         raise CheckpointError(f"{path} is neither a .gguf file nor a directory; pass an HF "
                               "checkpoint directory or a .gguf file")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -111,3 +112,77 @@ class SafetensorsFiles:
                 raise CheckpointError(f"{file} is not a readable safetensors file ({e}); "
                                       "re-export it") from None
         return self._handles[file]
+
+
+# ----------------------------------------------------------------------------- lazy tensors
+
+
+class LazyTensor(NamedTuple):
+    """A tensor of a weight file, read a slice at a time.
+
+    Attributes:
+      shape: the tensor's shape in the file.
+      read: ``read(index) -> np.ndarray``, the part ``index`` (a tuple of slices, one per
+        dimension) selects; only those bytes are read.
+    """
+
+    shape: tuple[int, ...]
+    read: Callable[[tuple[slice, ...]], np.ndarray]
+
+
+def safetensors_tensor(handle: Any, name: str) -> LazyTensor:
+    """A `LazyTensor` over tensor ``name`` of an open safetensors handle (``get_slice``)."""
+    part = handle.get_slice(name)
+    return LazyTensor(tuple(int(d) for d in part.get_shape()), lambda index: part[index])
+
+
+def array_tensor(arr: np.ndarray) -> LazyTensor:
+    """A `LazyTensor` over an array already in memory (GGUF's dequantized tensors)."""
+    return LazyTensor(tuple(arr.shape), lambda index: arr[index])
+
+
+def build_leaf(parts: list[LazyTensor], names: list[str], stacked: bool, np_dtype: Any,
+               source: str, check: bool, sharding: Any = None) -> Any:
+    """One params leaf from its tensors, cast to ``np_dtype``, checked, laid out.
+
+    Args:
+      parts: the leaf's tensors: one, or with ``stacked`` one per layer (stacked on a new
+        leading axis ``L``); shapes already checked against the config.
+      names: the tensors' names in the file (for messages).
+      stacked: whether the leaf is ``[L, ...]`` over ``parts``.
+      np_dtype: the leaf's dtype.
+      source: the file or directory (for messages).
+      check: refuse NaN / inf (`check_finite`) in every part read.
+      sharding: a `jax.sharding.Sharding`: the leaf is built with
+        `jax.make_array_from_callback`, so each process reads only the slices its devices
+        hold and no device ever receives more than its shard; None: the whole leaf is read
+        into one array on the default device.
+
+    Returns:
+      The leaf (a `jax.Array`).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    shape = ((len(parts),) if stacked else ()) + parts[0].shape
+
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        if stacked:
+            chosen = range(*index[0].indices(len(parts)))
+            pieces = [_cast(parts[i].read(index[1:]), np_dtype, names[i], source, check)
+                      for i in chosen]
+            return np.stack(pieces) if pieces else np.zeros((0, *parts[0].shape), np_dtype)
+        return _cast(parts[0].read(index), np_dtype, names[0], source, check)
+
+    if sharding is None:
+        return jnp.asarray(read(tuple(slice(None) for _ in shape)))
+    return jax.make_array_from_callback(shape, sharding, read)
+
+
+def _cast(arr: np.ndarray, np_dtype: Any, name: str, source: str, check: bool) -> np.ndarray:
+    with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+        out = np.asarray(arr).astype(np_dtype)
+    if check:
+        check_finite(out, name, source)
+    return out

@@ -1,9 +1,8 @@
 """Orbax save / restore of the train state in ``out_dir/checkpoints``.
 
-Each checkpoint is one step directory holding two items: ``state``, the train
-state pytree (params, optimizer state, step, RNG key data, data position,
-counters; any pytree of arrays and Python scalars), and ``metadata``, a small
-JSON dict (the config, ...).
+Each checkpoint is one step directory holding two items: ``state``, the train state pytree
+(params, optimizer state, step, RNG key data, data position, counters; any pytree of arrays
+and Python scalars), and ``metadata``, a small JSON dict (the config, ...).
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp`` and renames
 it to ``<step>`` only once every file is written, and it lists only renamed
@@ -12,9 +11,8 @@ as the latest.  `save` blocks until the rename, so a SIGKILL after it returns
 leaves a complete checkpoint; it then writes the step's checksums, checked by
 `restore` with a finite-values check of the state (`ais_jax.run.integrity`).
 
-PRNG keys: typed key arrays (``jax.random.key``) in the state are stored as
-``jax.random.key_data`` and rebuilt with the target's key implementation on
-restore; raw ``uint32`` key data is stored as it is.
+PRNG keys: typed key arrays (``jax.random.key``) are stored as ``jax.random.key_data`` and
+rebuilt with the target's key implementation on restore; raw ``uint32`` key data as it is.
 
 Errors: a checkpoint that cannot be restored into the target (missing or
 mismatched leaves, shapes or dtypes, corrupt files) raises `CheckpointError`

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
@@ -23,7 +22,7 @@ from ais_jax.core.errors import UsageError
 from ais_jax.models.model import ModelConfig, init_params
 from ais_jax.rollout.codec import PromptCodec, problem_location, problem_where
 from ais_jax.rollout.sampler import bucket_length
-from ais_jax.training import optim
+from ais_jax.training import optim, startup
 from ais_jax.training import sharding as shd
 from ais_jax.training import steps as st
 
@@ -205,9 +204,10 @@ def scratch_llada_config(cfg: Config) -> Any:
         tie_embeddings=True)
 
 
-def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
+def build_llada(cfg: Config, task: Any, mesh: Mesh | None = None) -> tuple[Any, Any, PromptCodec]:
     """``(params, LLaDAConfig, codec)`` of a LLaDA policy: from scratch over the character
-    tokenizer (one extra id, the mask token) or a LLaDA checkpoint directory."""
+    tokenizer (one extra id, the mask token) or a LLaDA checkpoint directory.  With ``mesh``
+    the params are born in the trainer's shards (`ais_jax.training.startup`)."""
     from ais_jax.config.checks import check_diffusion
     from ais_jax.models.llada import checkpoint as llada_ckpt
     from ais_jax.models.llada import model as llada
@@ -226,14 +226,17 @@ def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
                              f"{mc.num_heads}")
         tok = CharTokenizer()
         lcfg = scratch_llada_config(cfg)
-        params = llada.init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), lcfg,
-                                   param_dtype)
+        params = (llada.init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), lcfg,
+                                    param_dtype) if mesh is None else
+                  startup.init_on_mesh(llada.init_params, cfg.seed, 1, lcfg, param_dtype, mesh))
         return params, lcfg, PromptCodec(tok, "compact", task, tok.pad_id, (tok.eos_id,))
     if mc.source == "smollm2":
         raise UsageError("model.kind=llada needs model.source=scratch or a LLaDA checkpoint "
                          "directory; smollm2 is autoregressive (set model.kind=auto)")
     try:
-        params, lcfg = llada_ckpt.load(mc.source, param_dtype)
+        params, lcfg = llada_ckpt.load(mc.source, param_dtype, shardings=None if mesh is None
+                                       else startup.load_shardings(llada.init_params,
+                                                                   param_dtype, mesh))
     except (OSError, ValueError) as e:
         raise UsageError(f"model.source {mc.source}: {e}; point it at a LLaDA checkpoint "
                          "directory (config.json + model.safetensors)") from None
@@ -253,13 +256,16 @@ def build_llada(cfg: Config, task: Any) -> tuple[Any, Any, PromptCodec]:
                                      int(eos if pad is None else pad), (int(eos),))
 
 
-def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
+def build_model(cfg: Config, task: Any,
+                mesh: Mesh | None = None) -> tuple[Any, ModelConfig, PromptCodec]:
     """``(params, model_cfg, codec)``: a scratch model, an HF directory, a GGUF file, SmolLM2
-    or (``model.kind`` resolving to ``llada``) a LLaDA policy (`build_llada`)."""
+    or (``model.kind`` resolving to ``llada``) a LLaDA policy (`build_llada`).  With ``mesh``
+    the params are born in the trainer's shards (`ais_jax.training.startup`): a jitted init
+    with ``out_shardings``, or each process reading only its shards' slices of the files."""
     from ais_jax.tasks import CharTokenizer
 
     if model_kind(cfg) == "llada":
-        return build_llada(cfg, task)
+        return build_llada(cfg, task, mesh)
     param_dtype = st.DTYPES[cfg.model.param_dtype]
     style = cfg.task.prompt_style
     if cfg.model.source == "scratch":
@@ -272,13 +278,16 @@ def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
             tok, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
             num_layers=mc.num_layers, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim)
-        params = init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), model_cfg,
-                             param_dtype)
+        params = (init_params(jax.random.fold_in(jax.random.key(cfg.seed), 1), model_cfg,
+                              param_dtype) if mesh is None else
+                  startup.init_on_mesh(init_params, cfg.seed, 1, model_cfg, param_dtype, mesh))
         return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
     from ais_jax.models.pretrained import load_pretrained, load_tokenizer, smollm2_gguf_path
 
     source = smollm2_gguf_path() if cfg.model.source == "smollm2" else cfg.model.source
-    params, model_cfg = load_pretrained(source, dtype=param_dtype)
+    params, model_cfg = load_pretrained(
+        source, dtype=param_dtype,
+        shardings=None if mesh is None else startup.load_shardings(init_params, param_dtype, mesh))
     if os.path.isfile(os.path.join(str(source), "char_tokenizer.json")):
         tok = CharTokenizer.load(str(source))  # a policy exported by a scratch run of this CLI
         return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
@@ -289,37 +298,13 @@ def build_model(cfg: Config, task: Any) -> tuple[Any, ModelConfig, PromptCodec]:
     return params, model_cfg, PromptCodec(tok, style, task, int(pad), tuple(int(e) for e in eos))
 
 
-def rl_warmup(learning_rate: float, warmup_steps: int,
-              updates_per_step: int) -> Callable[[Any], Any]:
-    """Linear warmup counted in RL steps: RL step ``s`` (from 0) runs at
-    ``learning_rate * min(1, (s + 1) / warmup_steps)``.
-
-    The schedule sees optimizer updates (``updates_per_step = epochs *
-    minibatches`` of them per RL step), so every update of one RL step gets the
-    same rate; the first update is nonzero and the full rate is reached at RL
-    step ``warmup_steps - 1``.
-
-    Args:
-      learning_rate: peak rate.
-      warmup_steps: RL steps of the warmup (>= 1).
-      updates_per_step: optimizer updates per RL step (>= 1).
-
-    Returns:
-      An optax schedule ``count -> rate``.
-    """
-    def schedule(count: Any) -> Any:
-        rl_step = count // updates_per_step
-        return learning_rate * jnp.minimum(1.0, (rl_step + 1) / warmup_steps)
-    return schedule
-
-
 def build_optimizers(cfg: Config) -> tuple[optax.GradientTransformation,
                                            optax.GradientTransformation | None]:
     """``(GRPO optimizer, warm-start optimizer or None)`` from the train and sft sections."""
     t = cfg.train
     lr: float | Callable[[Any], Any] = t.learning_rate
     if t.warmup_steps:
-        lr = rl_warmup(t.learning_rate, t.warmup_steps, t.epochs * t.minibatches)
+        lr = optim.rl_warmup(t.learning_rate, t.warmup_steps, t.epochs * t.minibatches)
     optimizer = optim.make_optimizer(lr, clip_norm=t.clip_norm or None,
                                     weight_decay=t.weight_decay)
     sft_opt = None
@@ -341,8 +326,6 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
     """
     from ais_jax.tasks.user_rewards import build_rewards
     from ais_jax.training import lora_policy as lp
-    from ais_jax.training.placement import place
-
     task = build_task(cfg, dataset)
     rewards = build_rewards(cfg.reward, reward_fns)
     mesh = build_mesh(cfg)
@@ -353,7 +336,7 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
         # the frozen base is kept in the compute dtype: load it so (no float32 copy)
         model_src_cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, param_dtype=cfg.model.compute_dtype))
-    params, model_cfg, codec = build_model(model_src_cfg, task)
+    params, model_cfg, codec = build_model(model_src_cfg, task, mesh)  # in their shards
     if cfg.model.param_dtype == "bfloat16" and lora_cfg is None:
         optim.check_bf16_master(params, cfg.train.learning_rate)
     eval_problems = task.generate(seed=cfg.seed + 7919, n=cfg.task.eval_size, split="eval",
@@ -380,18 +363,19 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
         pol = lp.make_policy(cfg, params, mesh)
         pol.start = params if sft_opt is not None else None  # the warm start's full params
         params = adapters
-    state = optim.init_train_state(params, optimizer)
-    del params
+    abstract = startup.abstract_state(params, optimizer)  # shapes: the programs' layouts
     if llada_run:
         from ais_jax.training.llada.lora_steps import build_lora_step_fns
         from ais_jax.training.llada.steps import build_step_fns as build_llada_fns
 
-        fns = (build_llada_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids.eos_ids,
+        fns = (build_llada_fns(abstract, mesh, optimizer, sft_opt, model_cfg, cfg, ids.eos_ids,
                                ids.pad_id) if pol is None else
-               build_lora_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids.eos_ids,
-                                   ids.pad_id, pol))
+               build_lora_step_fns(abstract, mesh, optimizer, sft_opt, model_cfg, cfg,
+                                   ids.eos_ids, ids.pad_id, pol))
     else:
-        fns = st.build_step_fns(state, mesh, optimizer, sft_opt, model_cfg, cfg, ids, pol)
-    state = place(state, fns.state_shardings)
+        fns = st.build_step_fns(abstract, mesh, optimizer, sft_opt, model_cfg, cfg, ids, pol)
+    # the optimizer state is created in its shards; the params are donated into the state
+    state = startup.state_on_mesh(params, optimizer, fns.state_shardings)
+    del params
     return Run(cfg, task, mesh, model_cfg, codec, optimizer, sft_opt, fns, state, eval_problems,
                bucket, rewards, pol)

@@ -186,7 +186,8 @@ def check_bf16_master(params: Any, learning_rate: float) -> None:
 
     An Adam(W) step moves a weight by about the learning rate; when that is
     below half a bf16 ulp at the median ``|w|`` of the first decoder layer's
-    ``wq``, most updates round to nothing.
+    ``wq`` (of the first shard this process holds, when it is sharded), most
+    updates round to nothing.
 
     Raises:
       UsageError: naming the numbers and the fix (``model.param_dtype=float32``).
@@ -196,6 +197,8 @@ def check_bf16_master(params: Any, learning_rate: float) -> None:
     from ais_jax.core.errors import UsageError
 
     w = params["layers"]["wq"]
+    if isinstance(w, jax.Array):  # a shard this process holds (no gather of a sharded leaf)
+        w = w.addressable_shards[0].data
     sample = np.abs(np.asarray(w[0] if w.ndim == 3 else w, np.float32)).ravel()[: 1 << 20]
     typical = float(np.median(sample))
     half_ulp = bf16_half_ulp(typical)
@@ -204,3 +207,27 @@ def check_bf16_master(params: Any, learning_rate: float) -> None:
             f"bfloat16 master weights cannot learn at train.learning_rate={learning_rate:g}: "
             f"the median |w| {typical:.3g} has a bf16 half-ulp of {half_ulp:.3g}, so Adam "
             "steps round to nothing; set model.param_dtype=float32 (the default)")
+
+
+def rl_warmup(learning_rate: float, warmup_steps: int,
+              updates_per_step: int) -> Callable[[Any], Any]:
+    """Linear warmup counted in RL steps: RL step ``s`` (from 0) runs at
+    ``learning_rate * min(1, (s + 1) / warmup_steps)``.
+
+    The schedule sees optimizer updates (``updates_per_step = epochs *
+    minibatches`` of them per RL step), so every update of one RL step gets the
+    same rate; the first update is nonzero and the full rate is reached at RL
+    step ``warmup_steps - 1``.
+
+    Args:
+      learning_rate: peak rate.
+      warmup_steps: RL steps of the warmup (>= 1).
+      updates_per_step: optimizer updates per RL step (>= 1).
+
+    Returns:
+      An optax schedule ``count -> rate``.
+    """
+    def schedule(count: Any) -> Any:
+        rl_step = count // updates_per_step
+        return learning_rate * jnp.minimum(1.0, (rl_step + 1) / warmup_steps)
+    return schedule

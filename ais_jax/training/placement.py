@@ -16,7 +16,8 @@ import numpy as np
 def place(tree: Any, shardings: Any) -> Any:
     """Lay ``tree`` out with ``shardings`` (a matching pytree of shardings).
 
-    One process: `jax.device_put`.  Several processes: each leaf is rebuilt as a
+    One process: `jax.device_put` (a no-op for a leaf already laid out so).  Several
+    processes: a leaf already laid out so is kept; any other is rebuilt as a
     global array from its host copy; `jax.device_put` onto a mesh that spans
     processes with one device each gave arrays whose shards could not be read
     back (orbax failed on them at the first checkpoint, jax 0.10.2).
@@ -26,6 +27,8 @@ def place(tree: Any, shardings: Any) -> Any:
     from jax.experimental import multihost_utils
 
     def one(x: Any, sharding: Any) -> Any:
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x  # already laid out (start-up builds leaves in their shards)
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             x = multihost_utils.process_allgather(x, tiled=True)
         host = np.asarray(x)

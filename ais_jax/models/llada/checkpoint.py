@@ -18,6 +18,7 @@ import contextlib
 import glob
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -149,8 +150,8 @@ def _tensor_files(path: str) -> dict[str, str] | None:
     return None
 
 
-def load(path: str, dtype: Any = jnp.float32, *,
-         check_finite: bool = True) -> tuple[dict, LLaDAConfig]:
+def load(path: str, dtype: Any = jnp.float32, *, check_finite: bool = True,
+         shardings: Callable[[LLaDAConfig], Any] | None = None) -> tuple[dict, LLaDAConfig]:
     """Load a LLaDA checkpoint directory.
 
     The files get the checks of the autoregressive loader
@@ -162,6 +163,9 @@ def load(path: str, dtype: Any = jnp.float32, *,
       dtype: parameter dtype.
       check_finite: refuse a tensor holding NaN or inf after the cast to
         ``dtype``; False skips the check.
+      shardings: ``cfg ->`` a params-shaped tree of shardings: each leaf is built straight
+        into its shards from slices read lazily (`ais_jax.models.weight_files.build_leaf`);
+        None: whole leaves on the default device.
 
     Returns:
       ``(params, cfg)``; params as `ais_jax.models.llada.model.init_params` lays them out.
@@ -183,29 +187,33 @@ def load(path: str, dtype: Any = jnp.float32, *,
             for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
                 files.update((n, file) for n in handle(file).keys())  # noqa: SIM118
 
-        def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        def get(name: str, shape: tuple[int, ...]) -> weight_files.LazyTensor:
             if name not in files:
                 raise CheckpointError(f"LLaDA checkpoint {path}: missing tensor {name}; the "
                                       "config describes weights the checkpoint lacks")
-            t = handle(files[name]).get_tensor(name)
+            t = weight_files.safetensors_tensor(handle(files[name]), name)
             if tuple(t.shape) != shape:
                 raise CheckpointError(f"LLaDA checkpoint {path}: {name} has shape "
                                       f"{tuple(t.shape)}, expected {shape}; fix the config to "
                                       "match the weights")
-            with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
-                out = t.astype(np_dtype)
-            if check_finite:
-                weight_files.check_finite(out, name, path)
-            return out
+            return t
 
         table = param_table(cfg)
-        layers = {}
+        layer_parts = {}
         for name, info in table.pop("layers").items():
             shape = info.shape(cfg)[1:]  # type: ignore[arg-type]
-            per_layer = [get(hf_name(name, i), shape) for i in range(cfg.num_layers)]
-            layers[name] = jnp.asarray(np.stack(per_layer), dtype)
-        top = {name: jnp.asarray(get(info.hf, info.shape(cfg)), dtype)  # type: ignore[arg-type]
-               for name, info in table.items()}
+            names = [hf_name(name, i) for i in range(cfg.num_layers)]
+            layer_parts[name] = ([get(n, shape) for n in names], names)
+        top_parts = {name: ([get(info.hf, info.shape(cfg))], [info.hf])  # type: ignore[arg-type]
+                     for name, info in table.items()}
+        sh = shardings(cfg) if shardings is not None else None
+        layers = {name: weight_files.build_leaf(
+            parts, names, True, np_dtype, path, check_finite,
+            None if sh is None else sh["layers"][name])
+            for name, (parts, names) in layer_parts.items()}
+        top = {name: weight_files.build_leaf(parts, names, False, np_dtype, path, check_finite,
+                                             None if sh is None else sh[name])
+               for name, (parts, names) in top_parts.items()}
     return {"embed": top.pop("embed"), "layers": layers, **top}, cfg
 
 

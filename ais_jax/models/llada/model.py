@@ -162,7 +162,9 @@ def init_params(key: jax.Array, cfg: LLaDAConfig, dtype: Any = jnp.float32) -> d
         if info.init == "ones":
             return jnp.ones(shape, dtype)
         std = info.std(cfg)  # type: ignore[arg-type]
-        return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+        # bit-identical under jit (see `ais_jax.models.model.init_params`)
+        z = jax.lax.optimization_barrier(jax.random.normal(next(keys), shape, jnp.float32))
+        return (std * z).astype(dtype)
 
     table = param_table(cfg)
     layers = {name: init(info) for name, info in table.pop("layers").items()}
