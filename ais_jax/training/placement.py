@@ -7,10 +7,13 @@ global result is gathered back with a collective that every process joins.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import jax
 import numpy as np
+
+from ais_jax.core.errors import UsageError
 
 
 def place(tree: Any, shardings: Any) -> Any:
@@ -49,3 +52,34 @@ def to_host(x: Any) -> Any:
 
         return jax.tree.map(np.asarray, multihost_utils.process_allgather(x, tiled=True))
     return jax.tree.map(np.asarray, x)
+
+
+def check_same_on_every_process(x: np.ndarray, what: str) -> None:
+    """Every process must hold the same bytes of ``x``; else one `UsageError` on all of them.
+
+    Each process computes the host values of a step itself (`ais_jax.training.rl`), so a
+    value that depends on the host (a clock, a pid, an unseeded random draw, a live API in
+    a reward function) would silently mix: the update would train on each process's own
+    rows while process 0 logs its own view.  One all-gather of an 8-byte digest per call
+    (nothing in one process).
+
+    Args:
+      x: the host array every process computed, e.g. the step's rewards ``[B]``.
+      what: what ``x`` is, for the message.
+
+    Raises:
+      UsageError: the digests differ; every process raises the same line.
+    """
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    raw = hashlib.blake2b(np.ascontiguousarray(x).tobytes(), digest_size=8).digest()
+    mine = np.frombuffer(raw, dtype=np.int32)  # [2]: int32 travels on every backend
+    digests = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2)
+    differ = [i for i in range(len(digests)) if (digests[i] != digests[0]).any()]
+    if differ:
+        raise UsageError(f"{what} differ between processes (process 0 and process(es) "
+                         f"{differ} computed other values): a reward must depend only on the "
+                         "prompt, the completion and the row (no clock, pid, unseeded random "
+                         "draw or live service); make it deterministic")

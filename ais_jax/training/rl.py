@@ -51,7 +51,7 @@ from ais_jax.tasks.user_rewards import score_rewards
 from ais_jax.training.build import Run
 from ais_jax.training.flops import StepTimes, grpo_step_flops, perf_record
 from ais_jax.training.optim import TrainState
-from ais_jax.training.placement import to_global, to_host
+from ais_jax.training.placement import check_same_on_every_process, to_global, to_host
 
 
 def grow_prompt_bucket(run: Run, longest: int) -> int:
@@ -131,6 +131,7 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         user = score_rewards(run.rewards, texts, flat,  # [B, F] unweighted, checked
                              timeout_s=cfg.reward.timeout_s)
         rewards = rewards + user @ weights if run.rewards else rewards
+        check_same_on_every_process(rewards, "the rewards of this step")  # several processes
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
         if on_samples is not None:  # before the update: state is donated to it
             lo, lr = to_host(logp_old), to_host(batch.logp)
