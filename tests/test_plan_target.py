@@ -154,3 +154,16 @@ def test_a_program_refused_for_memory_is_reported_not_raised():
         pr.compile_program(_Lowered(RuntimeError("INTERNAL: no tile sizes")))
     assert pr.plus_resident(p, 5) is None and pr.plus_resident({"peak_bytes": 7}, 5) == 12
     assert pr.fits([7, 12], 12) and not pr.fits([7, 13], 12) and not pr.fits([None, 1], 12)
+
+
+def test_a_program_the_compiler_fails_on_is_reported_and_the_verdict_is_not_known():
+    """A plugin that cannot compile one program (the CUDA plugin asked for its libraries on
+    the 8B update) leaves the other programs' figures and a verdict that claims nothing."""
+    import jax
+
+    from ais_jax.run import plan_report as pr
+
+    msg = "INTERNAL: CUDA Runtime error: Error loading CUDA libraries."
+    p = pr.compile_program(_Lowered(jax.errors.JaxRuntimeError(msg)))
+    assert p["peak_bytes"] is None and p["failed"] == msg and "refused" not in p
+    assert not pr.fits([1, p["peak_bytes"]], 10**9)

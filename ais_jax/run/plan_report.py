@@ -110,7 +110,9 @@ def compiled_memory(compiled: Any, seconds: float) -> dict[str, float]:
 def compile_program(lowered: Any) -> dict[str, Any]:
     """Compile ``lowered`` and read its bytes (`compiled_memory`).  A program the compiler
     refuses for memory (TPU: ``RESOURCE_EXHAUSTED: Ran out of memory on HBM ...``) gives
-    ``peak_bytes: None`` and the compiler's line as ``refused``; other errors propagate."""
+    ``peak_bytes: None`` and the compiler's line as ``refused``; any other compiler error
+    (a plugin that cannot compile a program without its device libraries) ``failed``, so
+    the plan still reports its other programs; Python errors propagate."""
     import time
 
     t0 = time.perf_counter()
@@ -118,9 +120,11 @@ def compile_program(lowered: Any) -> dict[str, Any]:
         compiled = lowered.compile()
     except Exception as e:  # jax.errors.JaxRuntimeError, imported lazily
         msg = " ".join(str(e).split())
-        if "RESOURCE_EXHAUSTED" not in msg:
+        compiler = type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+        if "RESOURCE_EXHAUSTED" not in msg and not compiler:
             raise
-        return {"peak_bytes": None, "refused": msg[:400],
+        return {"peak_bytes": None,
+                ("refused" if "RESOURCE_EXHAUSTED" in msg else "failed"): msg[:400],
                 "compile_s": round(time.perf_counter() - t0, 2)}
     return compiled_memory(compiled, time.perf_counter() - t0)
 
@@ -306,7 +310,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         if name not in plan:
             continue
         p = plan[name]
-        lines.append(f"{name:<22}" + (f"refused by the compiler: {p['refused']}"
+        lines.append(f"{name:<22}" + ((f"refused by the compiler: {p['refused']}"
+                                       if "refused" in p else
+                                       f"the compiler failed: {p.get('failed')}")
                                       if p["peak_bytes"] is None else
                                       "".join(g(p[k]) for k in MEMORY_KEYS)
                                       + f"{p['compile_s']:11.1f}"))
@@ -332,11 +338,16 @@ def format_plan(plan: dict[str, Any]) -> str:
     peaks = [plan[k]["peak_bytes"] for k in ("init", "update") if k in plan]
     peaks = [p for p in (*peaks, resident) if p is not None]
     refused = [k for k in ("init", "update", "rollout", "score")
-               if k in plan and plan[k]["peak_bytes"] is None]
-    lines += ["", f"verdict: {'fits' if plan['fits'] else 'does not fit'} in "
+               if k in plan and "refused" in plan[k]]
+    failed = [k for k in ("init", "update", "rollout", "score")
+              if k in plan and "failed" in plan[k]]
+    over = refused or max(peaks, default=0) > plan["device_memory_bytes"]
+    word = "fits" if plan["fits"] else "does not fit" if over else "not known"
+    lines += ["", f"verdict: {word} in "
                   f"{plan['device_memory_bytes'] / GB:.1f} GB (largest peak "
                   f"{max(peaks, default=0) / GB:.2f} GB"
-                  + (f"; refused for memory: {', '.join(refused)})" if refused else ")")]
+                  + (f"; refused for memory: {', '.join(refused)}" if refused else "")
+                  + (f"; compile failed, unknown: {', '.join(failed)}" if failed else "") + ")"]
     if "cpu_widening" in plan:
         w = plan["cpu_widening"]
         lines.append(
