@@ -97,6 +97,15 @@ def test_out_dir_not_shared_fails_on_both_processes(tmp_path):
     assert not (dirs[0] / "checkpoints").exists()
 
 
+def test_mesh_without_every_device_fails_on_both_processes(tmp_path):
+    # the default mesh (1 device) left process 1 without a shard: make_array_from_callback
+    # failed there and process 0 waited in a collective (both killed by a timeout)
+    d = tmp_path / "run"
+    out, elapsed = _pair([d, d], *MIN)
+    lines = _assert_one_line_exit_2(out, elapsed, contains="uses 1 of the 4 devices")
+    assert lines[0] == lines[1] and "mesh.fsdp=4" in lines[0]
+
+
 @pytest.mark.slow  # one 2-process LLaDA run with its export (~40 s on 2 cores)
 def test_llada_run_exports_across_two_processes(tmp_path):
     # the export on process 0 used to gather the params alone (a collective): a hang
