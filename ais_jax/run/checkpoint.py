@@ -359,23 +359,22 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
 def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     """The JSON metadata dict saved with checkpoint ``step``.
 
+    Read from the file `ocp.args.JsonSave` wrote, not by ``manager.restore`` (a barrier of
+    all processes): process 0 reads it alone to decide the resume step (`run.multihost`).
+
     Raises:
       CheckpointError: no such step or an unreadable metadata file.
     """
-    step_dir = _step_dir(manager, step)
-    if step not in all_steps(manager):
-        raise CheckpointError(
-            f"no checkpoint {step_dir}; available steps: {all_steps(manager) or 'none'}"
-        )
+    step_dir, steps = _step_dir(manager, step), all_steps(manager)
+    if step not in steps:
+        raise CheckpointError(f"no checkpoint {step_dir}; available steps: {steps or 'none'}")
     try:
-        out = manager.restore(step, args=ocp.args.Composite(**{METADATA: ocp.args.JsonRestore()}))
-    except Exception as e:
-        reason = _first_line(e)
-        raise CheckpointError(
-            f"cannot read the metadata of checkpoint {step_dir} ({reason}); "
-            "use a new out_dir or delete it"
-        ) from e
-    return dict(out[METADATA] or {})
+        with open(os.path.join(step_dir, METADATA, METADATA), encoding="utf-8") as f:
+            meta = json.load(f)
+    except Exception as e:  # missing, unreadable or not JSON
+        raise CheckpointError(f"cannot read the metadata of checkpoint {step_dir} "
+                              f"({_first_line(e)}); use a new out_dir or delete it") from e
+    return dict(meta or {})
 
 
 def close(manager: ocp.CheckpointManager) -> None:
