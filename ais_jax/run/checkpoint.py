@@ -26,9 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +35,7 @@ import orbax.checkpoint as ocp
 
 from ais_jax.core.errors import CheckpointError, storage_error
 from ais_jax.run import integrity
+from ais_jax.run.stderr_hold import stderr_held
 
 STATE = "state"
 METADATA = "metadata"
@@ -176,7 +174,7 @@ def save(
             METADATA: ocp.args.JsonSave(metadata),
         }
     )
-    with _stderr_held() as held:
+    with stderr_held() as held:
         try:
             saved = manager.save(step, args=args)
             manager.wait_until_finished()
@@ -194,50 +192,6 @@ def save(
             raise se from None
     integrity.prune(manager, keep or getattr(manager, "ais_jax_keep", 1), protect)
     return bool(saved)
-
-
-class _Held:
-    drop = False
-
-
-def _settle(buf: Any, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
-    """Wait until nothing more is written to ``buf`` for ``quiet_s`` (at most ``limit_s``)."""
-    t0 = last_change = time.monotonic()
-    size = os.fstat(buf.fileno()).st_size
-    while time.monotonic() - last_change < quiet_s and time.monotonic() - t0 < limit_s:
-        time.sleep(0.05)
-        now = os.fstat(buf.fileno()).st_size
-        if now != size:
-            size, last_change = now, time.monotonic()
-
-
-@contextlib.contextmanager
-def _stderr_held() -> Iterator[_Held]:
-    """Hold what is written to file descriptor 2 (Python and C++ alike) while orbax saves;
-    write it out afterwards, unless ``drop`` was set (a storage failure, reported in one line
-    instead of the hundreds of lines orbax's and tensorstore's threads log for it)."""
-    held = _Held()
-    with contextlib.ExitStack() as stack:
-        try:
-            buf = stack.enter_context(tempfile.TemporaryFile())
-            sys.stderr.flush()
-            saved_fd = os.dup(2)
-        except OSError:  # no descriptor or no temporary space: hold nothing
-            yield held
-            return
-        os.dup2(buf.fileno(), 2)
-        try:
-            yield held
-        finally:
-            sys.stderr.flush()
-            if held.drop:  # let orbax's failing threads finish logging: quiet for 0.5 s
-                _settle(buf)
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            if not held.drop:
-                buf.seek(0)
-                while chunk := buf.read(1 << 16):
-                    os.write(2, chunk)
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
