@@ -180,3 +180,35 @@ def test_out_dir_with_a_scheme_is_refused(url, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mount the bucket" in err
     assert os.listdir(tmp_path) == []  # no local "gs:" folder
+
+
+@pytest.mark.parametrize("error, peer", [
+    ("UNKNOWN: Gloo AllGather failed: [pair.cc:538] Read error [127.0.0.1]:31618: Connection "
+     "reset by peer", True),
+    ("INTERNAL: something else\nsecond line", False),
+])
+def test_a_failed_collective_ends_the_process_at_once(error, peer, monkeypatch, capsys):
+    # measured (2 processes x 2 devices, process 1 SIGKILLed during a checkpoint save):
+    # process 0 got this gloo error inside the save, printed a traceback, then waited ~90 s
+    # in JAX's shutdown barrier and aborted with a 104-line log
+    import jax
+
+    def fail(cfg, overwrite=False):
+        raise jax.errors.JaxRuntimeError(error)
+
+    def exit_now(code):
+        raise SystemExit(f"os._exit({code})")
+
+    monkeypatch.setattr(cli, "run", fail)
+    monkeypatch.setattr(cli, "_init_distributed", lambda flag: None)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with pytest.raises(SystemExit, match=r"os\._exit\(1\)"):
+        cli.main([*MIN])
+    err = capsys.readouterr().err
+    if peer:
+        assert err.count("\n") == 1 and err.startswith("error: process 0: another process of "
+                                                       "this 2-process run died (UNKNOWN: Gloo")
+        assert "rerun the same command" in err
+    else:
+        assert "Traceback" in err and "second line" in err
