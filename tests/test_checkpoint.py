@@ -304,3 +304,28 @@ def test_restore_reshards_across_two_devices(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+
+
+_HOLDER = """
+import os, sys
+from ais_jax.run.stderr_hold import stderr_held
+os.write(2, b"before\\n")
+with stderr_held() as held:
+    os.write(2, b"held line\\n")  # as C++ writes it: straight to descriptor 2
+    held.drop = sys.argv[1] == "drop"
+    if sys.argv[1] == "abort":  # a fatal error inside a save (a peer's death, a C++ check)
+        os.abort()
+os.write(2, b"after\\n")
+"""
+
+
+@pytest.mark.parametrize("how, expected", [
+    ("keep", "before\nheld line\nafter\n"),
+    ("drop", "before\nafter\n"),
+    ("abort", "before\nheld line\n"),  # once swallowed: the held text died with the process
+])
+def test_stderr_held_during_a_save_is_written_dropped_or_kept_on_a_crash(how, expected):
+    proc = subprocess.run([sys.executable, "-c", _HOLDER, how], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == (-signal.SIGABRT if how == "abort" else 0), proc.stderr
+    assert proc.stderr == expected

@@ -2,9 +2,10 @@
 hang. Every process is bounded by a subprocess timeout (both are killed when one overruns), so
 a hang fails the test instead of CI.
 
-Failing starts (a busy lock, an out_dir that is not shared) must end on both processes within
-60 s with the same one line and exit 2; the LLaDA export across processes writes ``final/``
-and ``summary.json``.
+Failing starts (a busy lock, an out_dir that is not shared, a mesh without every device) must
+end on both processes within 60 s with the same one line and exit 2; a run with nonzero
+gradients, resumed halfway, equals the 1-process x 4-device run; the LLaDA export across
+processes writes ``final/`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -16,16 +17,23 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from _tiny import TINY_RUN
 
 from ais_jax.config.load import load_config
 from ais_jax.core.errors import UsageError
 from ais_jax.run import cli
+from ais_jax.training.flops import TIMING_KEYS
 
 # issue 39's MIN: the smallest CLI run (2 prompts x 2 samples, 2 steps).
 MIN = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2", "task.eval_size=4",
        "sft.target_accuracy=0", "train.steps=2", "checkpoint.every=1"]
+
+
+# wall-clock keys of metrics.jsonl (as scripts/golden_run.py's TIMING)
+TIMING = {"step_time_s", *TIMING_KEYS}
+REWARD_FN = os.path.join(os.path.dirname(__file__), "_token_reward.py") + ":digit_share"
 
 
 def _free_port() -> int:
@@ -97,6 +105,57 @@ def test_out_dir_not_shared_fails_on_both_processes(tmp_path):
     assert not (dirs[0] / "checkpoints").exists()
 
 
+def test_mesh_without_every_device_fails_on_both_processes(tmp_path):
+    # the default mesh (1 device) left process 1 without a shard: make_array_from_callback
+    # failed there and process 0 waited in a collective (both killed by a timeout)
+    d = tmp_path / "run"
+    out, elapsed = _pair([d, d], *MIN)
+    lines = _assert_one_line_exit_2(out, elapsed, contains="uses 1 of the 4 devices")
+    assert lines[0] == lines[1] and "mesh.fsdp=4" in lines[0]
+
+
+def _metrics(out_dir) -> list[dict]:
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.mark.slow  # a 1-process run and two 2-process runs (~100 s on 2 busy cores)
+def test_two_processes_with_gradients_and_a_resume_match_one_process(tmp_path):
+    # fsdp=4 over 2 processes x 2 devices: params and optimizer state are split across the
+    # processes. A reward by token content (the share of digits) gives an untrained model
+    # rewards that vary within groups, so every compared step takes a real optimizer step.
+    # The 2-process run stops after step 1 and resumes to step 2 (process 0 reads the
+    # checkpoint's metadata alone when it decides the resume step: it once hung there).
+    args = [*TINY_RUN, "train.learning_rate=0.003", "checkpoint.every=1", "mesh.fsdp=4",
+            f"reward.functions.d={REWARD_FN}"]
+    one = subprocess.run(
+        [sys.executable, "-m", "ais_jax.train", f"out_dir={tmp_path / 'one'}", *args,
+         "train.steps=2"], capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, JAX_NUM_CPU_DEVICES="4"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    d = tmp_path / "two"
+    for steps in (1, 2):
+        out, _ = _pair([d, d], *args, f"train.steps={steps}", timeout=240)
+        for i, (rc, _, err) in enumerate(out):
+            assert rc == 0, (i, err[-3000:])
+    assert "resumed from step 1" in out[0][1], out[0][1]
+    a, b = _metrics(tmp_path / "one"), _metrics(d)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["grad_norm"] > 0.01 and ra["reward_std"] > 0.01 and ra["skipped"] == 0, ra
+        assert set(ra) == set(rb)
+        for k in set(ra) - TIMING:
+            np.testing.assert_allclose(rb[k], ra[k], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"step {ra['step']} {k}")
+    from safetensors.numpy import load_file
+
+    wa = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    wb = load_file(str(d / "final" / "model.safetensors"))
+    assert sorted(wa) == sorted(wb)
+    for k in wa:
+        np.testing.assert_allclose(wb[k], wa[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.slow  # one 2-process LLaDA run with its export (~40 s on 2 cores)
 def test_llada_run_exports_across_two_processes(tmp_path):
     # the export on process 0 used to gather the params alone (a collective): a hang
@@ -121,3 +180,35 @@ def test_out_dir_with_a_scheme_is_refused(url, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mount the bucket" in err
     assert os.listdir(tmp_path) == []  # no local "gs:" folder
+
+
+@pytest.mark.parametrize("error, peer", [
+    ("UNKNOWN: Gloo AllGather failed: [pair.cc:538] Read error [127.0.0.1]:31618: Connection "
+     "reset by peer", True),
+    ("INTERNAL: something else\nsecond line", False),
+])
+def test_a_failed_collective_ends_the_process_at_once(error, peer, monkeypatch, capsys):
+    # measured (2 processes x 2 devices, process 1 SIGKILLed during a checkpoint save):
+    # process 0 got this gloo error inside the save, printed a traceback, then waited ~90 s
+    # in JAX's shutdown barrier and aborted with a 104-line log
+    import jax
+
+    def fail(cfg, overwrite=False):
+        raise jax.errors.JaxRuntimeError(error)
+
+    def exit_now(code):
+        raise SystemExit(f"os._exit({code})")
+
+    monkeypatch.setattr(cli, "run", fail)
+    monkeypatch.setattr(cli, "_init_distributed", lambda flag: None)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with pytest.raises(SystemExit, match=r"os\._exit\(1\)"):
+        cli.main([*MIN])
+    err = capsys.readouterr().err
+    if peer:
+        assert err.count("\n") == 1 and err.startswith("error: process 0: another process of "
+                                                       "this 2-process run died (UNKNOWN: Gloo")
+        assert "rerun the same command" in err
+    else:
+        assert "Traceback" in err and "second line" in err

@@ -26,9 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +35,7 @@ import orbax.checkpoint as ocp
 
 from ais_jax.core.errors import CheckpointError, storage_error
 from ais_jax.run import integrity
+from ais_jax.run.stderr_hold import stderr_held
 
 STATE = "state"
 METADATA = "metadata"
@@ -176,7 +174,7 @@ def save(
             METADATA: ocp.args.JsonSave(metadata),
         }
     )
-    with _stderr_held() as held:
+    with stderr_held() as held:
         try:
             saved = manager.save(step, args=args)
             manager.wait_until_finished()
@@ -194,50 +192,6 @@ def save(
             raise se from None
     integrity.prune(manager, keep or getattr(manager, "ais_jax_keep", 1), protect)
     return bool(saved)
-
-
-class _Held:
-    drop = False
-
-
-def _settle(buf: Any, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
-    """Wait until nothing more is written to ``buf`` for ``quiet_s`` (at most ``limit_s``)."""
-    t0 = last_change = time.monotonic()
-    size = os.fstat(buf.fileno()).st_size
-    while time.monotonic() - last_change < quiet_s and time.monotonic() - t0 < limit_s:
-        time.sleep(0.05)
-        now = os.fstat(buf.fileno()).st_size
-        if now != size:
-            size, last_change = now, time.monotonic()
-
-
-@contextlib.contextmanager
-def _stderr_held() -> Iterator[_Held]:
-    """Hold what is written to file descriptor 2 (Python and C++ alike) while orbax saves;
-    write it out afterwards, unless ``drop`` was set (a storage failure, reported in one line
-    instead of the hundreds of lines orbax's and tensorstore's threads log for it)."""
-    held = _Held()
-    with contextlib.ExitStack() as stack:
-        try:
-            buf = stack.enter_context(tempfile.TemporaryFile())
-            sys.stderr.flush()
-            saved_fd = os.dup(2)
-        except OSError:  # no descriptor or no temporary space: hold nothing
-            yield held
-            return
-        os.dup2(buf.fileno(), 2)
-        try:
-            yield held
-        finally:
-            sys.stderr.flush()
-            if held.drop:  # let orbax's failing threads finish logging: quiet for 0.5 s
-                _settle(buf)
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            if not held.drop:
-                buf.seek(0)
-                while chunk := buf.read(1 << 16):
-                    os.write(2, chunk)
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
@@ -359,23 +313,22 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
 def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     """The JSON metadata dict saved with checkpoint ``step``.
 
+    Read from the file `ocp.args.JsonSave` wrote, not by ``manager.restore`` (a barrier of
+    all processes): process 0 reads it alone to decide the resume step (`run.multihost`).
+
     Raises:
       CheckpointError: no such step or an unreadable metadata file.
     """
-    step_dir = _step_dir(manager, step)
-    if step not in all_steps(manager):
-        raise CheckpointError(
-            f"no checkpoint {step_dir}; available steps: {all_steps(manager) or 'none'}"
-        )
+    step_dir, steps = _step_dir(manager, step), all_steps(manager)
+    if step not in steps:
+        raise CheckpointError(f"no checkpoint {step_dir}; available steps: {steps or 'none'}")
     try:
-        out = manager.restore(step, args=ocp.args.Composite(**{METADATA: ocp.args.JsonRestore()}))
-    except Exception as e:
-        reason = _first_line(e)
-        raise CheckpointError(
-            f"cannot read the metadata of checkpoint {step_dir} ({reason}); "
-            "use a new out_dir or delete it"
-        ) from e
-    return dict(out[METADATA] or {})
+        with open(os.path.join(step_dir, METADATA, METADATA), encoding="utf-8") as f:
+            meta = json.load(f)
+    except Exception as e:  # missing, unreadable or not JSON
+        raise CheckpointError(f"cannot read the metadata of checkpoint {step_dir} "
+                              f"({_first_line(e)}); use a new out_dir or delete it") from e
+    return dict(meta or {})
 
 
 def close(manager: ocp.CheckpointManager) -> None:

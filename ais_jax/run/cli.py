@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from ais_jax.core.errors import StorageError, UsageError, storage_error
@@ -60,6 +61,35 @@ def _quiet_until_exit() -> None:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+# What a collective raises on the survivors when a peer process died (gloo on CPU, the
+# coordination service anywhere).
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "heartbeat timeout",
+              "stopped sending heartbeats", "DEADLINE_EXCEEDED")
+
+
+def _exit_multi_process(e: BaseException) -> None:
+    """In a multi-process run, end this process now after an unexpected error: its peers
+    wait in a collective, and the normal exit would wait too (JAX's shutdown barrier, then an
+    abort with a long log). A collective that failed because a peer died is reported in one
+    line; any other error keeps its traceback. Returns when there is one process."""
+    import jax
+
+    try:
+        if jax.process_count() < 2:
+            return
+    except Exception:  # no backend (the error came before JAX started)
+        return
+    if type(e).__name__ == "JaxRuntimeError" and any(s in str(e) for s in _PEER_LOST):
+        print(f"error: process {jax.process_index()}: another process of this "
+              f"{jax.process_count()}-process run died ({_one_line(e)[:200]}); see its log, "
+              "then rerun the same command on every host to resume from the latest "
+              "checkpoint", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # safetensors, trackers): the user's to fix; written checkpoints are intact.
         se = storage_error(e, cfg.out_dir if "cfg" in locals() else None)
         if se is None:
+            _exit_multi_process(e)
             raise
         print(f"error: {_one_line(se)}", file=sys.stderr, flush=True)
         _quiet_until_exit()

@@ -149,6 +149,18 @@ def build_mesh(cfg: Config) -> Mesh:
             f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} needs "
             f"{m.data * m.fsdp * m.tensor} devices but only {n_dev} are visible; lower the mesh "
             "sizes (on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
+    n_mesh, n_proc = m.data * m.fsdp * m.tensor, jax.process_count()
+    if n_proc > 1 and n_mesh != n_dev:
+        # a process without a device in the mesh holds no shard of anything: it cannot take
+        # part in placing or gathering arrays (make_array_from_callback, process_allgather)
+        rest = m.data * m.tensor
+        fix = (f"mesh.fsdp={n_dev // rest}" if n_dev % rest == 0
+               else f"mesh.data=1 mesh.fsdp={n_dev} mesh.tensor=1")
+        raise UsageError(
+            f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} uses {n_mesh} of the "
+            f"{n_dev} devices of this {n_proc}-process run; a multi-process run's mesh must use "
+            f"every device (each process holds a part): set mesh.data * mesh.fsdp * "
+            f"mesh.tensor = {n_dev}, e.g. {fix}")
     mesh = shd.make_mesh(m.data, m.fsdp, m.tensor)
     div = shd.batch_divisor(mesh)
     if cfg.rollout.prompts_per_step % div:

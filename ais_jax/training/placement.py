@@ -35,14 +35,15 @@ def place(tree: Any, shardings: Any) -> Any:
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             x = multihost_utils.process_allgather(x, tiled=True)
         host = np.asarray(x)
-        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx],
+                                            dtype=host.dtype)
 
     return jax.tree.map(one, tree, shardings)
 
 
 def to_global(x: np.ndarray, sharding: Any) -> jax.Array:
     """A global array with ``sharding`` from the host array ``x`` every process holds."""
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx], dtype=x.dtype)
 
 
 def to_host(x: Any) -> Any:
