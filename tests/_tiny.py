@@ -11,6 +11,19 @@ TINY_RUN = [
     "eval.num_samples=1", "log.tensorboard=false", "log.progress=false",
 ]
 
+# The shared run of tests/conftest.py's ``tiny_run`` fixture (test_train's reference run, the
+# reliability tests' first run): TINY_RUN at learning rate 0.003, 3 RL steps, a checkpoint
+# after each.
+TINY_3_STEPS = ["train.learning_rate=0.003", "train.steps=3", "checkpoint.every=1"]
+
+
+def copy_run(src, dst):
+    """A copy of a finished run directory at ``dst`` (a rerun there resumes it); ``dst``."""
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
 
 def params_digest(tree) -> str:
     """sha256 of a pytree's leaves' bytes (bit-identical params give the same digest)."""

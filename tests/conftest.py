@@ -49,3 +49,25 @@ def _free_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One uninterrupted 3-step tiny run from the default config file (as the CLI starts),
+    made once per test process: ``(out_dir, RunResult)``.
+
+    Several modules (test_train, test_reliability_run, test_reliability_results) start from
+    this run; a test that changes the directory works on a copy (`_tiny.copy_run`), never
+    on it.
+    Checkpoints 1, 2 and 3 are kept (``checkpoint.keep`` 3, the default).
+    """
+    from _tiny import TINY_3_STEPS, TINY_RUN
+
+    from ais_jax.config.load import load_config
+    from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+    from ais_jax.run import cli
+
+    out = tmp_path_factory.mktemp("tiny_run")
+    cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *TINY_RUN, *TINY_3_STEPS])
+    return out, cli.run(cfg)
+

@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from _tiny import TINY_RUN
+from _tiny import TINY_RUN, copy_run
 
 from ais_jax.core.errors import StorageError, storage_error
 from ais_jax.run import cli as train
@@ -50,14 +50,14 @@ def _one_error_line(cap):
 
 
 def test_rerun_finishes_an_export_that_failed_instead_of_reporting_old_results(
-        tmp_path, capsys, monkeypatch):
-    """Finding 1: a run extended to step 3 whose final export failed (checkpoint 3 saved,
-    summary of step 2) is finished by the rerun, not reported as done."""
+        tmp_path, capsys, monkeypatch, tiny_run):
+    """Finding 1: a run extended to step 4 whose final export failed (checkpoint 4 saved,
+    summary of step 3) is finished by the rerun, not reported as done."""
     base = ("checkpoint.every=1",)
-    assert _main(tmp_path, *base, "train.steps=2", capsys=capsys)[0] == 0
-    assert _summary(tmp_path)["step"] == 2
+    tmp_path = copy_run(tiny_run[0], tmp_path / "run")  # 3 steps, checkpoint.every=1
+    assert _summary(tmp_path)["step"] == 3
     with open(os.path.join(tmp_path, "final", "model.safetensors"), "rb") as f:
-        final_2 = f.read()
+        final_3 = f.read()
 
     from ais_jax.models import pretrained
 
@@ -70,22 +70,22 @@ def test_rerun_finishes_an_export_that_failed_instead_of_reporting_old_results(
         raise OSError(errno.ENOSPC, "No space left on device", directory)
 
     monkeypatch.setattr(pretrained, "save_pretrained", half_then_full_disk)
-    code, cap = _main(tmp_path, *base, "train.steps=3", capsys=capsys)
+    code, cap = _main(tmp_path, *base, "train.steps=4", capsys=capsys)
     assert code == 2 and "No space left on device" in _one_error_line(cap)
-    # The half export never replaced the complete one; the summary still says step 2.
+    # The half export never replaced the complete one; the summary still says step 3.
     with open(os.path.join(tmp_path, "final", "model.safetensors"), "rb") as f:
-        assert f.read() == final_2
-    assert _summary(tmp_path)["step"] == 2
-    monkeypatch.setattr(pretrained, "save_pretrained", real)
-    code, cap = _main(tmp_path, *base, "train.steps=3", capsys=capsys)
-    assert code == 0, cap.err
-    assert "already holds" not in cap.out and "resumed from step 3" in cap.out
+        assert f.read() == final_3
     assert _summary(tmp_path)["step"] == 3
+    monkeypatch.setattr(pretrained, "save_pretrained", real)
+    code, cap = _main(tmp_path, *base, "train.steps=4", capsys=capsys)
+    assert code == 0, cap.err
+    assert "already holds" not in cap.out and "resumed from step 4" in cap.out
+    assert _summary(tmp_path)["step"] == 4
     assert not os.path.exists(os.path.join(tmp_path, "final.tmp"))
     assert os.path.exists(os.path.join(tmp_path, "final", "config.json"))
     # Now it is done: the next rerun keeps the results.
-    code, cap = _main(tmp_path, *base, "train.steps=3", capsys=capsys)
-    assert code == 0 and "already holds the results of step 3" in cap.out
+    code, cap = _main(tmp_path, *base, "train.steps=4", capsys=capsys)
+    assert code == 0 and "already holds the results of step 4" in cap.out
 
 
 def test_finished_reads_the_step_of_the_results(tmp_path):
@@ -223,24 +223,24 @@ def _xor_data_files(step_dir, nbytes=64):
                     fh.write(bytes(b ^ 0x5A for b in data))
 
 
-def test_corrupt_bytes_fall_back_and_the_good_checkpoint_is_kept(tmp_path, capsys):
+def test_corrupt_bytes_fall_back_and_the_good_checkpoint_is_kept(tmp_path, capsys, tiny_run):
     """Finding 3: XOR 64 bytes in each data file of the latest checkpoint; the rerun detects it
     (checksums), resumes from the previous one, trains finite steps, and checkpoint.keep=2
     never deletes the checkpoint it restored."""
     base = ("checkpoint.every=1", "checkpoint.keep=2")
-    assert _main(tmp_path, *base, "train.steps=2", capsys=capsys)[0] == 0
+    tmp_path = copy_run(tiny_run[0], tmp_path / "run")  # 3 steps, checkpoints 1, 2 and 3
     ckpts = os.path.join(tmp_path, "checkpoints")
-    _xor_data_files(os.path.join(ckpts, "2"))
-    code, cap = _main(tmp_path, *base, "train.steps=4", capsys=capsys)
+    _xor_data_files(os.path.join(ckpts, "3"))
+    code, cap = _main(tmp_path, *base, "train.steps=5", capsys=capsys)
     assert code == 0, cap.err
-    assert "checkpoint step 2" in cap.err and "damaged" in cap.err
-    assert "resuming from step 1" in cap.err
+    assert "checkpoint step 3" in cap.err and "damaged" in cap.err
+    assert "resuming from step 2" in cap.err
     with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(r["loss"] is not None and r["skipped"] == 0 for r in rows)
     kept = sorted(int(s) for s in os.listdir(ckpts) if s.isdigit())
-    assert 1 in kept and kept[-2:] == [3, 4], kept  # the restored step survives keep=2
+    assert 2 in kept and kept[-2:] == [4, 5], kept  # the restored step survives keep=2
 
 
 def test_restore_refuses_non_finite_state(tmp_path):
@@ -265,10 +265,10 @@ def test_restore_refuses_non_finite_state(tmp_path):
 # ------------------------------------------------------------------ 5. results, no checkpoint
 
 
-def test_results_without_checkpoint_need_overwrite(tmp_path, capsys):
+def test_results_without_checkpoint_need_overwrite(tmp_path, capsys, tiny_run):
     """Finding 5: checkpoints/ deleted, rerun with another config: refused, naming what is
     there; --overwrite starts over."""
-    assert _main(tmp_path, "train.steps=1", capsys=capsys)[0] == 0
+    tmp_path = copy_run(tiny_run[0], tmp_path / "run")  # a finished 3-step run
     shutil.rmtree(os.path.join(tmp_path, "checkpoints"))
     code, cap = _main(tmp_path, "train.steps=1", "seed=5", capsys=capsys)
     line = _one_error_line(cap)

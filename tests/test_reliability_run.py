@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from _tiny import TINY_RUN
+from _tiny import TINY_RUN, copy_run
 
 from ais_jax.config.load import load_config
 from ais_jax.config.schema import DEFAULT_CONFIG_PATH
@@ -105,19 +105,19 @@ def test_lock_is_exclusive_and_released_on_error(tmp_path):
     assert code == 2 and not os.path.exists(os.path.join(tmp_path, runguard.LOCK_NAME))
 
 
-def test_resume_refuses_a_changed_config_and_accepts_more_steps(tmp_path, capsys):
+def test_resume_refuses_a_changed_config_and_accepts_more_steps(tmp_path, capsys, tiny_run):
+    out = copy_run(tiny_run[0], tmp_path / "run")  # 3 steps, checkpoint.every=1
     base = ("checkpoint.every=1",)
-    assert _main(tmp_path, *base, "train.steps=2", capsys=capsys)[0] == 0
-    code, cap = _main(tmp_path, *base, "train.steps=3", "rollout.temperature=0.5", "seed=1",
+    code, cap = _main(out, *base, "train.steps=4", "rollout.temperature=0.5", "seed=1",
                       capsys=capsys)
     err = cap.err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "rollout.temperature 1.0->0.5" in err and "seed 0->1" in err
-    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2]  # untouched
-    code, cap = _main(tmp_path, *base, "train.steps=3", "log.progress=true", capsys=capsys)
+    assert [r["step"] for r in _metrics(out)] == [1, 2, 3]  # untouched
+    code, cap = _main(out, *base, "train.steps=4", "log.progress=true", capsys=capsys)
     assert code == 0, cap.err
-    assert "resumed from step 2" in cap.out
-    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2, 3]
+    assert "resumed from step 3" in cap.out
+    assert [r["step"] for r in _metrics(out)] == [1, 2, 3, 4]
 
 
 def test_checkpoint_without_config_resumes_with_a_warning(capsys):
@@ -128,16 +128,16 @@ def test_checkpoint_without_config_resumes_with_a_warning(capsys):
     runguard.check_resume_config({"config": runguard.flat_config(cfg)}, cfg, 5, "/x")
 
 
-def test_finished_run_exits_0_without_rewriting_results(tmp_path, capsys):
-    assert _main(tmp_path, "train.steps=2", "checkpoint.every=1", capsys=capsys)[0] == 0
-    files = [os.path.join(tmp_path, "summary.json"), os.path.join(tmp_path, "metrics.jsonl"),
-             os.path.join(tmp_path, "final", "model.safetensors")]
+def test_finished_run_exits_0_without_rewriting_results(tmp_path, capsys, tiny_run):
+    out = copy_run(tiny_run[0], tmp_path / "run")  # 3 steps, checkpoint.every=1
+    files = [os.path.join(out, "summary.json"), os.path.join(out, "metrics.jsonl"),
+             os.path.join(out, "final", "model.safetensors")]
     before = [_digest(p) for p in files]
-    for steps in (2, 1):  # reached, and passed
-        code, cap = _main(tmp_path, f"train.steps={steps}", "checkpoint.every=1",
+    for steps in (3, 1):  # reached, and passed
+        code, cap = _main(out, f"train.steps={steps}", "checkpoint.every=1",
                           capsys=capsys)
         assert code == 0, cap.err
-        assert "already holds the results of step 2" in cap.out
+        assert "already holds the results of step 3" in cap.out
         assert len(cap.out.strip().splitlines()) == 1
         assert [_digest(p) for p in files] == before
 
@@ -151,9 +151,9 @@ def _corrupt_state(out, step):
                     fh.write(b"garbage")
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys, tiny_run):
+    tmp_path = copy_run(tiny_run[0], tmp_path / "run")  # 3 steps, checkpoints 1, 2 and 3
     base = ("checkpoint.every=1", "checkpoint.keep=3")
-    assert _main(tmp_path, *base, "train.steps=3", capsys=capsys)[0] == 0
     first = _metrics(tmp_path)
     _corrupt_state(tmp_path, 3)
     code, cap = _main(tmp_path, *base, "train.steps=4", capsys=capsys)
@@ -180,13 +180,13 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
     assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == listing
 
 
-def test_torn_metrics_line_and_later_steps_are_dropped_on_resume(tmp_path, capsys):
+def test_torn_metrics_line_and_later_steps_are_dropped_on_resume(tmp_path, capsys, tiny_run):
+    tmp_path = copy_run(tiny_run[0], tmp_path / "run")  # 3 steps, checkpoint.every=1
     base = ("checkpoint.every=2",)
-    assert _main(tmp_path, *base, "train.steps=3", "checkpoint.keep=1", capsys=capsys)[0] == 0
     path = os.path.join(tmp_path, "metrics.jsonl")
     with open(path) as f:
         lines = f.readlines()
-    # the checkpoint is step 3 (keep=1); pretend the run died while logging step 4
+    # the latest checkpoint is step 3; pretend the run died while logging step 4
     with open(path, "a") as f:
         f.write('{"step": 4, "reward_mean": 0.')
     code, cap = _main(tmp_path, *base, "train.steps=5", capsys=capsys)

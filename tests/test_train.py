@@ -98,14 +98,11 @@ def test_sft_batch_correct_and_flawed_demonstrations():
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-    """One uninterrupted 3-step run on 1 device (in-process)."""
-    out = tmp_path_factory.mktemp("ref")
-    # The CLI runs below start from the default config file: so does this one.
-    cfg = load_config(DEFAULT_CONFIG_PATH,
-                      [f"out_dir={out}", *TINY, "train.steps=3", "checkpoint.every=1"])
-    result = train.run(cfg)
-    return out, result
+def reference_run(tiny_run):
+    """One uninterrupted 3-step run on 1 device (in-process): the session's shared run
+    (tests/conftest.py), ``[*TINY, "train.steps=3", "checkpoint.every=1"]`` from the default
+    config file, as the CLI runs below start."""
+    return tiny_run
 
 
 def test_run_learns_nothing_is_recompiled(reference_run):
