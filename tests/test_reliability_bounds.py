@@ -134,6 +134,24 @@ def test_row3_cli_refuses_an_eval_size_beyond_memory_fast(tmp_path):
     assert not out.exists()
 
 
+# ----------------------------------------------------------------------------- row 6
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda t: (os.symlink(t / "nowhere", t / "dangling"), t / "dangling")[1],
+     "is a symbolic link to {t}/nowhere, which does not exist"),
+    (lambda t: (os.symlink(t / "nowhere", t / "dangling"), t / "dangling" / "sub")[1],
+     "{t}/dangling is a symbolic link to {t}/nowhere, which does not exist"),
+    (lambda t: "/proc/x", "cannot create out_dir '/proc/x': No such file or directory"),
+    (lambda t: ((t / "f").write_text(""), t / "f")[1], "is an existing file, not a directory"),
+])
+def test_row6_out_dir_path_errors_are_one_line(tmp_path, make, needle):
+    out = make(tmp_path)
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}")
+    err = _one_line_exit_2(proc, f"out_dir {str(out)!r}", needle.format(t=tmp_path))
+    assert "another out_dir" in err, err
+
+
 # ----------------------------------------------------------------------------- row 8
 
 

@@ -24,7 +24,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ais_jax.core.errors import storage_error
 from ais_jax.run import multihost, results, runguard
 from ais_jax.run.signals import Interrupted, StopFlag
 
@@ -67,10 +66,7 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
     trackers.parse_backends(cfg.log)  # bad log.backends: fail before any work
     runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
     is_main = jax.process_index() == 0
-    try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-    except OSError as e:
-        raise (storage_error(e, cfg.out_dir) or e) from None
+    results.make_out_dir(cfg.out_dir)
     stop = StopFlag()
     with stop.installed():
         multihost.check_shared_dir(cfg.out_dir)  # process 0's lock outcome is everyone's:
