@@ -9,6 +9,7 @@ inputs).  The schema-driven property test is in tests/test_config_bounds.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -228,6 +229,59 @@ def test_row9_cli_exit_2_before_the_run(tmp_path):
                 "runtime.xla_flags=--xla_bogus_flag=1")
     _one_line_exit_2(proc, "--xla_bogus_flag=1")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 12
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("task.difficulty.digits=abc", "task.difficulty.digits='abc' must be an int for task "
+     "arithmetic (default 2); e.g. task.difficulty.digits=2"),
+    ("task.difficulty.ops=3", "task.difficulty.ops=3 must be a str for task arithmetic"),
+])
+def test_row12_difficulty_value_of_the_wrong_type(override, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        load_config(TINY, [override])
+    load_config(TINY, ["task.difficulty.digits=3"])  # the right type passes
+
+
+def test_row12_dataset_answer_beyond_float64_names_the_line(tmp_path):
+    pytest.importorskip("datasets")
+    from ais_jax.tasks.user_dataset import load_rows
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a", "answer": 2}\n{"prompt": "b", "answer": 1e999}\n')
+    with pytest.raises(UsageError, match=re.escape(
+            f"{data}:2: the number 1e999 is beyond float64's range; quote it"
+            ' ("1e999") to keep it as text, or use a smaller number')):
+        load_rows(str(data))
+
+
+def test_row12_mismatch_binary_prompts_file_names_it(tmp_path):
+    data = tmp_path / "p.txt"
+    data.write_bytes(b"\x00\x01\xff\xfe binary")
+    proc = _run("ais_jax.mismatch", "--model", "random:tiny", "--prompts", str(data),
+                "--samples", "1", "--max-new-tokens", "2")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"prompts file {data} is not UTF-8 text" in err and "one prompt per line" in err, err
+
+
+@pytest.mark.parametrize("arg,needle", [
+    ("=runs/x", "'=runs/x' has no label before '='; pass runs/x, or LABEL=runs/x"),
+    ("a=", "'a=' has no directory after '='; pass LABEL=DIR"),
+])
+def test_row12_plots_empty_label_or_dir(arg, needle):
+    for extra in ([], ["--out", "/nonexistent-plots"]):
+        _one_line_exit_2(_run("ais_jax.plots", arg, *extra), needle)
+
+
+def test_row12_overwrite_after_an_override(tmp_path):
+    proc = _run("ais_jax.train", "--config", TINY, "seed=1", "--overwrite", "seed=3",
+                "--print-config")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "seed: 3" in proc.stdout
 
 
 # ----------------------------------------------------------------------------- row 14
