@@ -231,6 +231,31 @@ def test_row9_cli_exit_2_before_the_run(tmp_path):
     assert not out.exists()
 
 
+# ----------------------------------------------------------------------------- row 10
+
+
+def test_row10_peft_duplicate_keys_for_one_module_refused(tmp_path):
+    from _models import TINY
+    from safetensors.numpy import load_file, save_file
+    from test_lora import LC, _random_adapters
+
+    from ais_jax.core.errors import CheckpointError
+    from ais_jax.models import peft_io
+
+    out = tmp_path / "ad"
+    peft_io.save_peft_adapter(_random_adapters(TINY, LC), LC, TINY, out)
+    f = out / peft_io.WEIGHTS_FILE
+    w = load_file(f)
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    dup = key.replace(".weight", ".default.weight")
+    save_file({**w, dup: w[key] + 1.0}, f)  # two tensors for one module's lora_A
+    with pytest.raises(CheckpointError) as e:
+        peft_io.load_peft_adapter(out, TINY)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{key!r} and {dup!r}" in msg and str(f) in msg, msg
+    assert "keep one of them" in msg, msg
+
+
 # ----------------------------------------------------------------------------- row 12
 
 
