@@ -309,6 +309,33 @@ def test_row12_overwrite_after_an_override(tmp_path):
     assert "seed: 3" in proc.stdout
 
 
+# ----------------------------------------------------------------------------- row 13
+
+
+def test_row13_reward_calling_os_exit_is_reported(tmp_path):
+    rw = tmp_path / "rw.py"
+    rw.write_text("import os\ndef fn(c, p, row):\n    os._exit(0)\n")
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, "train.steps=1", f"out_dir={out}",
+                f"reward.functions={{r: {rw}:fn}}")
+    _one_line_exit_2(proc, "reward function r called os._exit(", "return a number")
+    assert not (out / "run.lock").exists()
+
+
+def test_row13_exit_guard_in_process_and_restored():
+    from ais_jax.tasks.base import Problem
+    from ais_jax.tasks.user_rewards import UserReward, score_rewards
+
+    real = os._exit
+    with pytest.raises(UsageError, match=r"reward function q called os._exit\(5\)"):
+        score_rewards([UserReward("q", lambda c, p, row: os._exit(5))], ["x"],
+                      [Problem("0", "p", "1", {})])
+    with pytest.raises(UsageError, match=r"reward function b called os._exit\(7\)"):
+        score_rewards([UserReward("b", lambda cs, ps, rows: os._exit(7), batched=True)], ["x"],
+                      [Problem("0", "p", "1", {})])
+    assert os._exit is real  # the guard is gone after the calls
+
+
 # ----------------------------------------------------------------------------- row 14
 
 
