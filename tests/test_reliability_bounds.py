@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -35,6 +36,85 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> str:
     for needle in needles:
         assert needle in err, err
     return err
+
+
+# ----------------------------------------------------------------------------- row 1
+
+
+def _tiny_base(path) -> None:
+    """A tiny pretrained-style base directory (config.json, model.safetensors, tokenizer)."""
+    from ais_jax.models.pretrained import save_pretrained
+    from ais_jax.training.build import build_run
+
+    r = build_run(load_config(None, [*MIN[:6], "sft.steps=0", f"out_dir={path}.unused"]))
+    save_pretrained(r.state.params, r.model_cfg, str(path))
+    r.codec.tokenizer.save(str(path))
+
+
+def _other_same_shape_base(path) -> None:
+    """Replace ``path/model.safetensors`` by another model of the same shapes (weights + 0.01)."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    f = str(path / "model.safetensors")
+    with safe_open(f, "np") as h:
+        meta, w = h.metadata(), {k: h.get_tensor(k) for k in h.keys()}  # noqa: SIM118
+    save_file({k: v + v.dtype.type(0.01) for k, v in w.items()}, f, metadata=meta)
+
+
+def test_row1_base_digest_of_weight_files(tmp_path):
+    from ais_jax.models import base_digest as bd
+
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "model.safetensors").write_bytes(bytes(range(256)) * 20000)  # 5 MB: 3 slices hashed
+    (a / "config.json").write_text("{}")
+    d = bd.source_digest(str(a))
+    assert d is not None and d.startswith("sha256:") and len(d) == 23
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "model.safetensors").write_bytes((a / "model.safetensors").read_bytes())
+    assert bd.source_digest(str(b)) == d  # the same weights elsewhere: the same base
+    raw = bytearray((b / "model.safetensors").read_bytes())
+    raw[len(raw) // 2] ^= 1  # one bit in the middle slice
+    (b / "model.safetensors").write_bytes(bytes(raw))
+    assert bd.source_digest(str(b)) != d
+    assert bd.source_digest("scratch") is None and bd.source_digest(str(tmp_path / "x")) is None
+    with pytest.raises(UsageError, match=r"trained on base sha256:1 but model.source s is "
+                                         r"sha256:2; .* model.allow_base_change=true"):
+        bd.check_same_base("sha256:1", "sha256:2", "cannot resume o", "s", False)
+    bd.check_same_base("sha256:1", "sha256:2", "cannot resume o", "s", True)  # opted in
+    bd.check_same_base(None, "sha256:2", "cannot resume o", "s", False)  # not recorded
+
+
+@pytest.mark.slow  # builds a base, one 2-step LoRA run and one resumed step: ~60-90 s on 2 cores
+def test_row1_lora_run_bound_to_its_base(tmp_path):
+    from ais_jax.run.loop import run
+
+    base, out = tmp_path / "B", tmp_path / "O"
+    _tiny_base(base)
+    lora_run = [*MIN, "lora.rank=4", "lora.alpha=8", f"model.source={base}"]
+    run(load_config(TINY, [*lora_run, f"out_dir={out}"]))
+    shutil.copytree(base, tmp_path / "A")  # the base it was trained on
+    _other_same_shape_base(base)
+    # a resume on the other base: one line naming both digests, exit 2
+    proc = _run("ais_jax.train", "--config", TINY, *lora_run, f"out_dir={out}", "train.steps=3")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    from ais_jax.models.base_digest import source_digest
+
+    was, now = source_digest(str(tmp_path / "A")), source_digest(str(base))
+    assert was != now
+    _one_line_exit_2(proc, f"cannot resume {out} from step 2", f"trained on base {was}",
+                     f"model.source {base} is {now}", "model.allow_base_change=true")
+    # the exported adapter loaded onto the other base: refused the same way
+    adapter = out / "final" / "adapter"
+    proc = _run("ais_jax.train", "--config", TINY, *lora_run, f"out_dir={tmp_path / 'O2'}",
+                f"model.adapter={adapter}")
+    _one_line_exit_2(proc, f"model.adapter {adapter}", f"trained on base {was}", now)
+    # the user who means it
+    res = run(load_config(TINY, [*lora_run, f"out_dir={out}", "train.steps=3",
+                                 "model.allow_base_change=true"]))
+    assert res.resumed_from == 2
 
 
 # ----------------------------------------------------------------------------- row 5

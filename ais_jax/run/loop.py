@@ -142,7 +142,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
         evaluate, eval_fn = make_evaluator(r)
         lora_on = r.lora is not None  # the KL reference is then the frozen base itself
         job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0 and not lora_on,
-                   lora_on and r.fns.sft is not None, runguard.flat_config(cfg), stop)
+                   lora_on and r.fns.sft is not None, runguard.run_record(cfg), stop)
         writer = Trackers(cfg, job.config, enabled=is_main)  # opens (or fails) before any work
         try:
             start = _start(job, last is not None, evaluate)
@@ -355,11 +355,13 @@ def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
         else:
             save_pretrained(params, r.model_cfg, directory)
         if adapters is not None:
+            from ais_jax.models.base_digest import source_digest, write_adapter_base
             from ais_jax.models.peft_io import save_peft_adapter
 
-            save_peft_adapter(adapters, r.lora.cfg, r.model_cfg,
-                              os.path.join(directory, results.ADAPTER_DIR),
+            adapter_dir = os.path.join(directory, results.ADAPTER_DIR)
+            save_peft_adapter(adapters, r.lora.cfg, r.model_cfg, adapter_dir,
                               base_model_name_or_path=cfg.model.source)
+            write_adapter_base(adapter_dir, source_digest(cfg.model.source))
         tok = r.codec.tokenizer
         if hasattr(tok, "save"):
             tok.save(directory)
