@@ -336,6 +336,75 @@ def test_row10_peft_duplicate_keys_for_one_module_refused(tmp_path):
     assert "keep one of them" in msg, msg
 
 
+# ----------------------------------------------------------------------------- rows 2 and 11
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A finished tiny run with checkpoints 1 and 2 (and their checksum files)."""
+    from ais_jax.run.integrity import CHECKSUMS
+    from ais_jax.run.loop import run
+
+    first = tmp_path_factory.mktemp("rows2_11") / "first"
+    run(load_config(TINY, [*MIN, f"out_dir={first}"]))
+    assert (first / "checkpoints" / "2" / CHECKSUMS).exists()
+    return first
+
+
+def _resume(first, out, capsys, *extra: str):
+    """Resume a copy ``out`` of ``first`` for one more step: (resumed step, stderr)."""
+    from ais_jax.run.loop import run
+
+    capsys.readouterr()
+    res = run(load_config(TINY, [*MIN, f"out_dir={out}", "train.steps=3", *extra]))
+    return res.resumed_from, capsys.readouterr().err
+
+
+@pytest.mark.slow  # a 2-step run (shared) and two resumed steps of the tiny model: ~40-60 s
+def test_row2_step_without_checksums_is_not_resumed(two_step_run, tmp_path, capsys):
+    """A step finalized without its checksum file (a save cut short by a second signal, row 2;
+    the file deleted, row 11) is unverified: moved aside unless the user opts in."""
+    from ais_jax.run.integrity import CHECKSUMS
+
+    for name in ("nosum", "optin"):
+        shutil.copytree(two_step_run, tmp_path / name)
+        os.remove(tmp_path / name / "checkpoints" / "2" / CHECKSUMS)
+    step, err = _resume(two_step_run, tmp_path / "nosum", capsys)
+    assert step == 1, err
+    assert f"has no {CHECKSUMS}" in err and "checkpoint.allow_unverified=true" in err, err
+    assert (tmp_path / "nosum" / "checkpoints.unrestorable" / "2").is_dir()
+    step, _ = _resume(two_step_run, tmp_path / "optin", capsys, "checkpoint.allow_unverified=true")
+    assert step == 2  # the user accepts it unverified
+
+
+@pytest.mark.slow  # a 2-step run (shared) and one resumed step of the tiny model: ~20-40 s
+def test_row11_copied_step_directory_is_not_resumed(two_step_run, tmp_path, capsys):
+    shutil.copytree(two_step_run, tmp_path / "copied")
+    ck = tmp_path / "copied" / "checkpoints"
+    shutil.rmtree(ck / "2")
+    shutil.copytree(ck / "1", ck / "2")  # checkpoints/1 copied over checkpoints/2
+    step, err = _resume(two_step_run, tmp_path / "copied", capsys)
+    assert step == 1 and "holds the files of step 1" in err, err
+
+
+def test_row11_checksum_file_names_its_step(tmp_path):
+    from ais_jax.core.errors import CheckpointError
+    from ais_jax.run import integrity
+
+    for n in (3, 4):
+        (tmp_path / str(n)).mkdir()
+        (tmp_path / str(n) / "f").write_bytes(b"x")
+    integrity.write_checksums(str(tmp_path / "3"))
+    integrity.verify_checksums(str(tmp_path / "3"))
+    integrity.check_verifiable(str(tmp_path / "3"), False)
+    with pytest.raises(CheckpointError, match=r"has no ais_jax_checksums\.json"):
+        integrity.check_verifiable(str(tmp_path / "4"), False)
+    integrity.check_verifiable(str(tmp_path / "4"), True)  # opted in
+    shutil.copy(tmp_path / "3" / integrity.CHECKSUMS, tmp_path / "4")
+    with pytest.raises(CheckpointError, match=r"4 holds the files of step 3 \(a copied step"):
+        integrity.verify_checksums(str(tmp_path / "4"))
+
+
 # ----------------------------------------------------------------------------- row 12
 
 

@@ -239,6 +239,8 @@ class CheckpointSection:
 
     every: int = 10  # save every this many RL steps; 0 = never
     keep: int = 3  # checkpoints kept on disk, oldest deleted first; >= 1
+    # resume a step without its checksum file (a save cut short, an older version's)
+    allow_unverified: bool = False
 
 
 @dataclass(frozen=True)

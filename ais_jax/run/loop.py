@@ -188,7 +188,8 @@ def _start(job: _Job, resume: bool, evaluate: Any) -> int | None:
     r, cfg = job.r, job.cfg
     if resume:
         start, restored, meta = runguard.restore_latest(
-            ckpt, job.manager, cfg.out_dir, job.payload(r.state, r.state.params), job.is_main)
+            ckpt, job.manager, cfg.out_dir, job.payload(r.state, r.state.params), job.is_main,
+            cfg.checkpoint.allow_unverified)
         runguard.check_resume_config(meta, cfg, start, cfg.out_dir)
         if job.keep_base:
             job.state, base = restored

@@ -40,7 +40,8 @@ LOCK_NAME = "run.lock"
 # Config keys that may differ between a checkpoint and the run resuming it: they
 # change neither the state nor the trajectory of the steps already taken.
 RESUMABLE = ("train.steps", "out_dir", "log.*", "runtime.*", "eval.every",
-             "checkpoint.every", "checkpoint.keep", "mesh.*", "model.allow_base_change")
+             "checkpoint.every", "checkpoint.keep", "checkpoint.allow_unverified", "mesh.*",
+             "model.allow_base_change")
 BASE_KEY = "model.base_digest"  # in a checkpoint's stored config: its base's digest
 UNRESTORABLE_DIR = "checkpoints.unrestorable"
 
@@ -279,9 +280,10 @@ def resume_plan(ckpt: Any, manager: Any, cfg: Any, overwrite: bool
     return last, done, meta.get("eval_before")
 
 
-def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: bool
-                   ) -> tuple[int, Any, dict[str, Any]]:
-    """Restore the newest checkpoint that restores into ``target``.
+def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: bool,
+                   allow_unverified: bool = False) -> tuple[int, Any, dict[str, Any]]:
+    """Restore the newest checkpoint that restores into ``target`` (and, unless
+    ``allow_unverified``, has its checksum file: `ais_jax.run.integrity.check_verifiable`).
 
     Newer steps that fail are reported in one line and, once an older step
     has restored, moved (by the main process) to
@@ -294,7 +296,7 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
     Raises:
       CheckpointError: no step restores (names ``out_dir``; suggests a new one).
     """
-    from ais_jax.run import multihost
+    from ais_jax.run import integrity, multihost
 
     steps = multihost.decide(lambda: ckpt.all_steps(manager))
     failed: list[str] = []
@@ -302,6 +304,8 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
         error = None
         try:
             meta = ckpt.read_metadata(manager, step)
+            integrity.check_verifiable(os.path.join(os.fspath(manager.directory), str(step)),
+                                       allow_unverified)
             state = ckpt.restore(manager, step, target)
         except CheckpointError as e:
             error = _reason(e)
