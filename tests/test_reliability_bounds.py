@@ -9,6 +9,8 @@ inputs).  The schema-driven property test is in tests/test_config_bounds.py.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -34,6 +36,85 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> str:
     for needle in needles:
         assert needle in err, err
     return err
+
+
+# ----------------------------------------------------------------------------- row 1
+
+
+def _tiny_base(path) -> None:
+    """A tiny pretrained-style base directory (config.json, model.safetensors, tokenizer)."""
+    from ais_jax.models.pretrained import save_pretrained
+    from ais_jax.training.build import build_run
+
+    r = build_run(load_config(None, [*MIN[:6], "sft.steps=0", f"out_dir={path}.unused"]))
+    save_pretrained(r.state.params, r.model_cfg, str(path))
+    r.codec.tokenizer.save(str(path))
+
+
+def _other_same_shape_base(path) -> None:
+    """Replace ``path/model.safetensors`` by another model of the same shapes (weights + 0.01)."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    f = str(path / "model.safetensors")
+    with safe_open(f, "np") as h:
+        meta, w = h.metadata(), {k: h.get_tensor(k) for k in h.keys()}  # noqa: SIM118
+    save_file({k: v + v.dtype.type(0.01) for k, v in w.items()}, f, metadata=meta)
+
+
+def test_row1_base_digest_of_weight_files(tmp_path):
+    from ais_jax.models import base_digest as bd
+
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "model.safetensors").write_bytes(bytes(range(256)) * 20000)  # 5 MB: 3 slices hashed
+    (a / "config.json").write_text("{}")
+    d = bd.source_digest(str(a))
+    assert d is not None and d.startswith("sha256:") and len(d) == 23
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "model.safetensors").write_bytes((a / "model.safetensors").read_bytes())
+    assert bd.source_digest(str(b)) == d  # the same weights elsewhere: the same base
+    raw = bytearray((b / "model.safetensors").read_bytes())
+    raw[len(raw) // 2] ^= 1  # one bit in the middle slice
+    (b / "model.safetensors").write_bytes(bytes(raw))
+    assert bd.source_digest(str(b)) != d
+    assert bd.source_digest("scratch") is None and bd.source_digest(str(tmp_path / "x")) is None
+    with pytest.raises(UsageError, match=r"trained on base sha256:1 but model.source s is "
+                                         r"sha256:2; .* model.allow_base_change=true"):
+        bd.check_same_base("sha256:1", "sha256:2", "cannot resume o", "s", False)
+    bd.check_same_base("sha256:1", "sha256:2", "cannot resume o", "s", True)  # opted in
+    bd.check_same_base(None, "sha256:2", "cannot resume o", "s", False)  # not recorded
+
+
+@pytest.mark.slow  # builds a base, one 2-step LoRA run and one resumed step: ~60-90 s on 2 cores
+def test_row1_lora_run_bound_to_its_base(tmp_path):
+    from ais_jax.run.loop import run
+
+    base, out = tmp_path / "B", tmp_path / "O"
+    _tiny_base(base)
+    lora_run = [*MIN, "lora.rank=4", "lora.alpha=8", f"model.source={base}"]
+    run(load_config(TINY, [*lora_run, f"out_dir={out}"]))
+    shutil.copytree(base, tmp_path / "A")  # the base it was trained on
+    _other_same_shape_base(base)
+    # a resume on the other base: one line naming both digests, exit 2
+    proc = _run("ais_jax.train", "--config", TINY, *lora_run, f"out_dir={out}", "train.steps=3")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    from ais_jax.models.base_digest import source_digest
+
+    was, now = source_digest(str(tmp_path / "A")), source_digest(str(base))
+    assert was != now
+    _one_line_exit_2(proc, f"cannot resume {out} from step 2", f"trained on base {was}",
+                     f"model.source {base} is {now}", "model.allow_base_change=true")
+    # the exported adapter loaded onto the other base: refused the same way
+    adapter = out / "final" / "adapter"
+    proc = _run("ais_jax.train", "--config", TINY, *lora_run, f"out_dir={tmp_path / 'O2'}",
+                f"model.adapter={adapter}")
+    _one_line_exit_2(proc, f"model.adapter {adapter}", f"trained on base {was}", now)
+    # the user who means it
+    res = run(load_config(TINY, [*lora_run, f"out_dir={out}", "train.steps=3",
+                                 "model.allow_base_change=true"]))
+    assert res.resumed_from == 2
 
 
 # ----------------------------------------------------------------------------- row 5
@@ -134,6 +215,24 @@ def test_row3_cli_refuses_an_eval_size_beyond_memory_fast(tmp_path):
     assert not out.exists()
 
 
+# ----------------------------------------------------------------------------- row 6
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda t: (os.symlink(t / "nowhere", t / "dangling"), t / "dangling")[1],
+     "is a symbolic link to {t}/nowhere, which does not exist"),
+    (lambda t: (os.symlink(t / "nowhere", t / "dangling"), t / "dangling" / "sub")[1],
+     "{t}/dangling is a symbolic link to {t}/nowhere, which does not exist"),
+    (lambda t: "/proc/x", "cannot create out_dir '/proc/x': No such file or directory"),
+    (lambda t: ((t / "f").write_text(""), t / "f")[1], "is an existing file, not a directory"),
+])
+def test_row6_out_dir_path_errors_are_one_line(tmp_path, make, needle):
+    out = make(tmp_path)
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, f"out_dir={out}")
+    err = _one_line_exit_2(proc, f"out_dir {str(out)!r}", needle.format(t=tmp_path))
+    assert "another out_dir" in err, err
+
+
 # ----------------------------------------------------------------------------- row 8
 
 
@@ -210,6 +309,180 @@ def test_row9_cli_exit_2_before_the_run(tmp_path):
                 "runtime.xla_flags=--xla_bogus_flag=1")
     _one_line_exit_2(proc, "--xla_bogus_flag=1")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- row 10
+
+
+def test_row10_peft_duplicate_keys_for_one_module_refused(tmp_path):
+    from _models import TINY
+    from safetensors.numpy import load_file, save_file
+    from test_lora import LC, _random_adapters
+
+    from ais_jax.core.errors import CheckpointError
+    from ais_jax.models import peft_io
+
+    out = tmp_path / "ad"
+    peft_io.save_peft_adapter(_random_adapters(TINY, LC), LC, TINY, out)
+    f = out / peft_io.WEIGHTS_FILE
+    w = load_file(f)
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    dup = key.replace(".weight", ".default.weight")
+    save_file({**w, dup: w[key] + 1.0}, f)  # two tensors for one module's lora_A
+    with pytest.raises(CheckpointError) as e:
+        peft_io.load_peft_adapter(out, TINY)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{key!r} and {dup!r}" in msg and str(f) in msg, msg
+    assert "keep one of them" in msg, msg
+
+
+# ----------------------------------------------------------------------------- rows 2 and 11
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A finished tiny run with checkpoints 1 and 2 (and their checksum files)."""
+    from ais_jax.run.integrity import CHECKSUMS
+    from ais_jax.run.loop import run
+
+    first = tmp_path_factory.mktemp("rows2_11") / "first"
+    run(load_config(TINY, [*MIN, f"out_dir={first}"]))
+    assert (first / "checkpoints" / "2" / CHECKSUMS).exists()
+    return first
+
+
+def _resume(first, out, capsys, *extra: str):
+    """Resume a copy ``out`` of ``first`` for one more step: (resumed step, stderr)."""
+    from ais_jax.run.loop import run
+
+    capsys.readouterr()
+    res = run(load_config(TINY, [*MIN, f"out_dir={out}", "train.steps=3", *extra]))
+    return res.resumed_from, capsys.readouterr().err
+
+
+@pytest.mark.slow  # a 2-step run (shared) and two resumed steps of the tiny model: ~40-60 s
+def test_row2_step_without_checksums_is_not_resumed(two_step_run, tmp_path, capsys):
+    """A step finalized without its checksum file (a save cut short by a second signal, row 2;
+    the file deleted, row 11) is unverified: moved aside unless the user opts in."""
+    from ais_jax.run.integrity import CHECKSUMS
+
+    for name in ("nosum", "optin"):
+        shutil.copytree(two_step_run, tmp_path / name)
+        os.remove(tmp_path / name / "checkpoints" / "2" / CHECKSUMS)
+    step, err = _resume(two_step_run, tmp_path / "nosum", capsys)
+    assert step == 1, err
+    assert f"has no {CHECKSUMS}" in err and "checkpoint.allow_unverified=true" in err, err
+    assert (tmp_path / "nosum" / "checkpoints.unrestorable" / "2").is_dir()
+    step, _ = _resume(two_step_run, tmp_path / "optin", capsys, "checkpoint.allow_unverified=true")
+    assert step == 2  # the user accepts it unverified
+
+
+@pytest.mark.slow  # a 2-step run (shared) and one resumed step of the tiny model: ~20-40 s
+def test_row11_copied_step_directory_is_not_resumed(two_step_run, tmp_path, capsys):
+    shutil.copytree(two_step_run, tmp_path / "copied")
+    ck = tmp_path / "copied" / "checkpoints"
+    shutil.rmtree(ck / "2")
+    shutil.copytree(ck / "1", ck / "2")  # checkpoints/1 copied over checkpoints/2
+    step, err = _resume(two_step_run, tmp_path / "copied", capsys)
+    assert step == 1 and "holds the files of step 1" in err, err
+
+
+def test_row11_checksum_file_names_its_step(tmp_path):
+    from ais_jax.core.errors import CheckpointError
+    from ais_jax.run import integrity
+
+    for n in (3, 4):
+        (tmp_path / str(n)).mkdir()
+        (tmp_path / str(n) / "f").write_bytes(b"x")
+    integrity.write_checksums(str(tmp_path / "3"))
+    integrity.verify_checksums(str(tmp_path / "3"))
+    integrity.check_verifiable(str(tmp_path / "3"), False)
+    with pytest.raises(CheckpointError, match=r"has no ais_jax_checksums\.json"):
+        integrity.check_verifiable(str(tmp_path / "4"), False)
+    integrity.check_verifiable(str(tmp_path / "4"), True)  # opted in
+    shutil.copy(tmp_path / "3" / integrity.CHECKSUMS, tmp_path / "4")
+    with pytest.raises(CheckpointError, match=r"4 holds the files of step 3 \(a copied step"):
+        integrity.verify_checksums(str(tmp_path / "4"))
+
+
+# ----------------------------------------------------------------------------- row 12
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("task.difficulty.digits=abc", "task.difficulty.digits='abc' must be an int for task "
+     "arithmetic (default 2); e.g. task.difficulty.digits=2"),
+    ("task.difficulty.ops=3", "task.difficulty.ops=3 must be a str for task arithmetic"),
+])
+def test_row12_difficulty_value_of_the_wrong_type(override, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        load_config(TINY, [override])
+    load_config(TINY, ["task.difficulty.digits=3"])  # the right type passes
+
+
+def test_row12_dataset_answer_beyond_float64_names_the_line(tmp_path):
+    pytest.importorskip("datasets")
+    from ais_jax.tasks.user_dataset import load_rows
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a", "answer": 2}\n{"prompt": "b", "answer": 1e999}\n')
+    with pytest.raises(UsageError, match=re.escape(
+            f"{data}:2: the number 1e999 is beyond float64's range; quote it"
+            ' ("1e999") to keep it as text, or use a smaller number')):
+        load_rows(str(data))
+
+
+def test_row12_mismatch_binary_prompts_file_names_it(tmp_path):
+    data = tmp_path / "p.txt"
+    data.write_bytes(b"\x00\x01\xff\xfe binary")
+    proc = _run("ais_jax.mismatch", "--model", "random:tiny", "--prompts", str(data),
+                "--samples", "1", "--max-new-tokens", "2")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"prompts file {data} is not UTF-8 text" in err and "one prompt per line" in err, err
+
+
+@pytest.mark.parametrize("arg,needle", [
+    ("=runs/x", "'=runs/x' has no label before '='; pass runs/x, or LABEL=runs/x"),
+    ("a=", "'a=' has no directory after '='; pass LABEL=DIR"),
+])
+def test_row12_plots_empty_label_or_dir(arg, needle):
+    for extra in ([], ["--out", "/nonexistent-plots"]):
+        _one_line_exit_2(_run("ais_jax.plots", arg, *extra), needle)
+
+
+def test_row12_overwrite_after_an_override(tmp_path):
+    proc = _run("ais_jax.train", "--config", TINY, "seed=1", "--overwrite", "seed=3",
+                "--print-config")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "seed: 3" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- row 13
+
+
+def test_row13_reward_calling_os_exit_is_reported(tmp_path):
+    rw = tmp_path / "rw.py"
+    rw.write_text("import os\ndef fn(c, p, row):\n    os._exit(0)\n")
+    out = tmp_path / "run"
+    proc = _run("ais_jax.train", "--config", TINY, *MIN, "train.steps=1", f"out_dir={out}",
+                f"reward.functions={{r: {rw}:fn}}")
+    _one_line_exit_2(proc, "reward function r called os._exit(", "return a number")
+    assert not (out / "run.lock").exists()
+
+
+def test_row13_exit_guard_in_process_and_restored():
+    from ais_jax.tasks.base import Problem
+    from ais_jax.tasks.user_rewards import UserReward, score_rewards
+
+    real = os._exit
+    with pytest.raises(UsageError, match=r"reward function q called os._exit\(5\)"):
+        score_rewards([UserReward("q", lambda c, p, row: os._exit(5))], ["x"],
+                      [Problem("0", "p", "1", {})])
+    with pytest.raises(UsageError, match=r"reward function b called os._exit\(7\)"):
+        score_rewards([UserReward("b", lambda cs, ps, rows: os._exit(7), batched=True)], ["x"],
+                      [Problem("0", "p", "1", {})])
+    assert os._exit is real  # the guard is gone after the calls
 
 
 # ----------------------------------------------------------------------------- row 14

@@ -114,7 +114,7 @@ def test_empty_config_file_means_defaults(tmp_path):
     ("seed=-1", "seed must be in [0, 2**32), got -1"),
     ("task.difficulty.digits=99", "task.difficulty is invalid for task arithmetic: digits"),
     ("task.difficulty.digitz=2", "'digitz', which task arithmetic does not take"),
-    ("task.difficulty.ops=5", "task.difficulty is invalid"),
+    ("task.difficulty.ops=5", "task.difficulty.ops=5 must be a str for task arithmetic"),
 ])
 def test_bad_values_are_usage_errors(override, needle):
     with pytest.raises(UsageError) as e:

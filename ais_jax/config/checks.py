@@ -61,11 +61,25 @@ def _check_path(key: str, path: str, allow_dir: bool = False) -> None:
     elif key == "out_dir":
         _require(not os.path.exists(path) or os.path.isdir(path),
                  f"out_dir {clip(path)} is an existing file, not a directory; pick another out_dir")
+        _check_no_dangling_link(path)
     else:
         _require(
             os.path.isfile(path) or (allow_dir and os.path.isdir(path)),
             f"{key} {clip(path)} is not a file; point it at a local JSONL file or set it to ''",
         )
+
+
+def _check_no_dangling_link(path: str) -> None:
+    """Refuse an ``out_dir`` that is, or lies under, a symbolic link to nothing."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        prefix = os.sep.join(parts[:i])
+        if os.path.islink(prefix) and not os.path.exists(prefix):
+            target = os.path.join(os.path.dirname(prefix), os.readlink(prefix))
+            _require(False, f"out_dir {clip(path)}: {prefix} is a symbolic link to {target}, "
+                     f"which does not exist; create {target} or use another out_dir")
+        if not os.path.lexists(prefix):
+            return
 
 
 def _validate_choices(cfg: Config) -> None:

@@ -62,6 +62,9 @@ class ModelSection:
     param_dtype: str = "float32"  # trainer master weights: float32 | bfloat16
     compute_dtype: str = "bfloat16"  # trainer forward/backward dtype: float32 | bfloat16
     adapter: str = ""  # PEFT LoRA adapter directory to start from (lora.rank > 0); '' = fresh
+    # resume, load model.adapter or export on a base whose weights differ from the ones the
+    # checkpoint / adapter was trained on (refused by default: ais_jax.models.base_digest)
+    allow_base_change: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,8 @@ class CheckpointSection:
 
     every: int = 10  # save every this many RL steps; 0 = never
     keep: int = 3  # checkpoints kept on disk, oldest deleted first; >= 1
+    # resume a step without its checksum file (a save cut short, an older version's)
+    allow_unverified: bool = False
 
 
 @dataclass(frozen=True)

@@ -247,8 +247,14 @@ def load_peft_adapter(path: str | os.PathLike, model_cfg: Any, dtype: Any = jnp.
     cfg = _check_options(weight_files.read_json(cfg_path), cfg_path)
     with contextlib.ExitStack() as stack:
         handle = weight_files.SafetensorsFiles(stack)(w_path)
-        names = {re.sub(r"\.lora_([AB])\.default\.weight$", r".lora_\1.weight", k): k
-                 for k in handle.keys()}  # noqa: SIM118
+        names: dict[str, str] = {}  # the plain PEFT key -> the key in the file
+        for k in handle.keys():  # noqa: SIM118
+            plain = re.sub(r"\.lora_([AB])\.default\.weight$", r".lora_\1.weight", k)
+            if plain in names:
+                first, second = sorted((names[plain], k), key=len)
+                raise CheckpointError(f"{w_path} holds two tensors for one module, {first!r} "
+                                      f"and {second!r}; keep one of them")
+            names[plain] = k
         targets = _targets(cfg, model_cfg, cfg_path)
         try:
             lora_cfg = LoraConfig(rank=cfg.get("r", 8), alpha=cfg.get("lora_alpha", 8),

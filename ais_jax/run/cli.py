@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true",
                     help="start over in an out_dir that holds an earlier run's results but no "
                     "checkpoint (refused otherwise)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # --overwrite before or after the overrides
 
     from ais_jax.config.bounds import check_host_memory
     from ais_jax.config.load import format_config, load_config

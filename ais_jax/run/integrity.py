@@ -14,8 +14,10 @@ without error through orbax and would poison the run: the next step is NaN, and 
 * `check_finite` fails a restored state with a NaN or an infinity in a float leaf;
 * `prune` keeps the newest ``keep`` steps and, always, ``protect`` (the step the run restored).
 
-Checkpoints written before checksums existed have no checksum file and are only
-finite-checked.
+* `check_verifiable`: a run does not resume a step without its checksum file (a save cut
+  short before the file was written, or a copy without it) unless
+  ``checkpoint.allow_unverified``; the step is then only finite-checked.  The checksum
+  file names its step, so a step directory copied over another is refused.
 """
 
 from __future__ import annotations
@@ -53,32 +55,65 @@ def _files(step_dir: str) -> list[str]:
     return sorted(out)
 
 
+def _step_name(step_dir: str) -> str:
+    return os.path.basename(os.path.normpath(step_dir))
+
+
 def write_checksums(step_dir: str) -> None:
-    """Write the CRC-32 of every file under the finalized ``step_dir`` into it (atomically)."""
+    """Write the CRC-32 of every file under the finalized ``step_dir`` into it (atomically),
+    with the step it belongs to (its directory name)."""
     sums = {rel: _crc32(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
     tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
+    data: dict[str, Any] = {"algorithm": "crc32", "files": sums}
+    if _step_name(step_dir).isdigit():
+        data["step"] = int(_step_name(step_dir))
     with open(tmp, "w") as f:
-        json.dump({"algorithm": "crc32", "files": sums}, f, indent=0, sort_keys=True)
+        json.dump(data, f, indent=0, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
 
 
-def verify_checksums(step_dir: str) -> None:
-    """Check ``step_dir``'s files against the checksums written with it (none written: pass).
+def check_verifiable(step_dir: str, allow_unverified: bool) -> None:
+    """Refuse a step without its checksum file unless the user accepts it unverified.
+
+    A finalized step without checksums was cut short between orbax's rename and
+    `write_checksums` (a second signal, a crash), copied without the file, or written by a
+    version before checksums: its bytes cannot be checked.
 
     Raises:
-      CheckpointError: a file is missing or its bytes changed; the message names it.
+      CheckpointError: no checksum file and not ``allow_unverified``
+        (``checkpoint.allow_unverified``).
+    """
+    if allow_unverified or os.path.exists(os.path.join(step_dir, CHECKSUMS)):
+        return
+    raise CheckpointError(f"checkpoint {step_dir} has no {CHECKSUMS} (a save cut short, or a "
+                          "copy without it), so its files cannot be verified; set "
+                          f"checkpoint.allow_unverified=true to restore it unverified{_ADVICE}")
+
+
+def verify_checksums(step_dir: str) -> None:
+    """Check ``step_dir``'s files against the checksums written with it (none written: pass;
+    runs refuse that with `check_verifiable`), and that they were written for this step.
+
+    Raises:
+      CheckpointError: a file is missing or its bytes changed, or the checksums name another
+        step (a copied step directory); the message names it.
     """
     path = os.path.join(step_dir, CHECKSUMS)
     if not os.path.exists(path):
         return
     try:
         with open(path) as f:
-            sums = json.load(f)["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+            data = json.load(f)
+        sums, named = data["files"], data.get("step")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
             f"checkpoint {step_dir}: unreadable {CHECKSUMS} ({e}){_ADVICE}") from None
+    if isinstance(named, int) and str(named) != _step_name(step_dir):
+        raise CheckpointError(f"checkpoint {step_dir} holds the files of step {named} (a copied "
+                              f"step directory); its state is not step {_step_name(step_dir)}'s"
+                              f"{_ADVICE}")
     for rel, want in sorted(sums.items()):
         full = os.path.join(step_dir, rel)
         if not os.path.exists(full):

@@ -24,7 +24,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ais_jax.core.errors import storage_error
 from ais_jax.run import multihost, results, runguard
 from ais_jax.run.signals import Interrupted, StopFlag
 
@@ -67,10 +66,7 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
     trackers.parse_backends(cfg.log)  # bad log.backends: fail before any work
     runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
     is_main = jax.process_index() == 0
-    try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-    except OSError as e:
-        raise (storage_error(e, cfg.out_dir) or e) from None
+    results.make_out_dir(cfg.out_dir)
     stop = StopFlag()
     with stop.installed():
         multihost.check_shared_dir(cfg.out_dir)  # process 0's lock outcome is everyone's:
@@ -146,7 +142,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
         evaluate, eval_fn = make_evaluator(r)
         lora_on = r.lora is not None  # the KL reference is then the frozen base itself
         job = _Job(cfg, r, manager, is_main, cfg.train.beta_kl > 0 and not lora_on,
-                   lora_on and r.fns.sft is not None, runguard.flat_config(cfg), stop)
+                   lora_on and r.fns.sft is not None, runguard.run_record(cfg), stop)
         writer = Trackers(cfg, job.config, enabled=is_main)  # opens (or fails) before any work
         try:
             start = _start(job, last is not None, evaluate)
@@ -192,7 +188,8 @@ def _start(job: _Job, resume: bool, evaluate: Any) -> int | None:
     r, cfg = job.r, job.cfg
     if resume:
         start, restored, meta = runguard.restore_latest(
-            ckpt, job.manager, cfg.out_dir, job.payload(r.state, r.state.params), job.is_main)
+            ckpt, job.manager, cfg.out_dir, job.payload(r.state, r.state.params), job.is_main,
+            cfg.checkpoint.allow_unverified)
         runguard.check_resume_config(meta, cfg, start, cfg.out_dir)
         if job.keep_base:
             job.state, base = restored
@@ -359,11 +356,13 @@ def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
         else:
             save_pretrained(params, r.model_cfg, directory)
         if adapters is not None:
+            from ais_jax.models.base_digest import source_digest, write_adapter_base
             from ais_jax.models.peft_io import save_peft_adapter
 
-            save_peft_adapter(adapters, r.lora.cfg, r.model_cfg,
-                              os.path.join(directory, results.ADAPTER_DIR),
+            adapter_dir = os.path.join(directory, results.ADAPTER_DIR)
+            save_peft_adapter(adapters, r.lora.cfg, r.model_cfg, adapter_dir,
                               base_model_name_or_path=cfg.model.source)
+            write_adapter_base(adapter_dir, source_digest(cfg.model.source))
         tok = r.codec.tokenizer
         if hasattr(tok, "save"):
             tok.save(directory)

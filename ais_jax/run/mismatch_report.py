@@ -28,6 +28,10 @@ def encode_prompts(args: argparse.Namespace, tok: Any) -> list[list[int]]:
                 texts = [line.rstrip("\n") for line in f if line.strip()]
         except OSError as e:
             raise UsageError(f"cannot read prompts file {args.prompts}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"prompts file {args.prompts} is not UTF-8 text (byte "
+                             f"{e.object[e.start]:#04x} at offset {e.start}); pass a UTF-8 text "
+                             "file, one prompt per line") from None
         if not texts:
             raise UsageError(f"prompts file {args.prompts} has no non-empty line")
         texts = [texts[i % len(texts)] for i in range(args.num_prompts)]

@@ -272,6 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        for a in args.runs:
+            label, sep, path = a.partition("=")
+            if sep and not label:
+                raise PlotError(f"{a!r} has no label before '='; pass {path}, or LABEL={path}")
+            if sep and not path:
+                raise PlotError(f"{a!r} has no directory after '='; pass LABEL=DIR")
         if len(args.runs) == 1 and "=" not in args.runs[0]:
             written = plot_run(args.runs[0], args.out, args.smooth)
         else:

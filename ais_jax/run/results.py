@@ -10,6 +10,7 @@
   ``train.steps``; when they do not (an interrupted export, a run extended and stopped in
   its last step), the run restores that checkpoint and finishes the export instead of
   reporting old results.
+* `make_out_dir`: creates ``out_dir``; a path error is one line naming it.
 * `check_fresh_out_dir`: an ``out_dir`` with results but no checkpoint is refused unless
   ``overwrite`` (the CLI's ``--overwrite``).
 * `json_safe`: non-finite floats become ``null`` in every JSON file a run writes.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ais_jax.core.errors import UsageError, storage_error
+from ais_jax.core.safe_yaml import clip
 
 SUMMARY = "summary.json"
 FINAL = "final"
@@ -54,6 +56,24 @@ def write_json_atomic(path: str, data: Any) -> None:
         os.replace(tmp, path)
     except OSError as e:
         raise (storage_error(e, path) or e) from None
+
+
+def make_out_dir(out_dir: str) -> None:
+    """Create the run directory ``out_dir`` (and its parents) if needed.
+
+    Raises:
+      StorageError: the disk refused (full, quota, read-only, permissions).
+      UsageError: any other path error (a dangling link, a path the OS cannot create,
+        e.g. under ``/proc``): one line naming the path and the fix.
+    """
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        se = storage_error(e, out_dir)
+        if se is not None:
+            raise se from None
+        raise UsageError(f"cannot create out_dir {clip(out_dir)}: {e.strerror or e}; "
+                         "use another out_dir (a directory path you can write to)") from None
 
 
 def read_summary(out_dir: str) -> dict[str, Any] | None:

@@ -40,7 +40,9 @@ LOCK_NAME = "run.lock"
 # Config keys that may differ between a checkpoint and the run resuming it: they
 # change neither the state nor the trajectory of the steps already taken.
 RESUMABLE = ("train.steps", "out_dir", "log.*", "runtime.*", "eval.every",
-             "checkpoint.every", "checkpoint.keep", "mesh.*")
+             "checkpoint.every", "checkpoint.keep", "checkpoint.allow_unverified", "mesh.*",
+             "model.allow_base_change")
+BASE_KEY = "model.base_digest"  # in a checkpoint's stored config: its base's digest
 UNRESTORABLE_DIR = "checkpoints.unrestorable"
 
 
@@ -181,6 +183,18 @@ def flat_config(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(out, default=str))
 
 
+def run_record(cfg: Any) -> dict[str, Any]:
+    """What each checkpoint stores of its run: `flat_config`, and with pretrained weights
+    the digest of the base (`BASE_KEY`, `ais_jax.models.base_digest.source_digest`)."""
+    from ais_jax.models.base_digest import source_digest
+
+    out = flat_config(cfg)
+    digest = source_digest(cfg.model.source)
+    if digest is not None:
+        out[BASE_KEY] = digest
+    return out
+
+
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(key, old, new)`` for every key that differs and is not `RESUMABLE`, sorted."""
     out = []
@@ -202,13 +216,21 @@ def check_resume_config(meta: dict[str, Any], cfg: Any, step: int, out_dir: str)
       out_dir: the run directory (for the messages).
 
     Raises:
-      UsageError: a key outside `RESUMABLE` differs (one line, up to 4 keys).
+      UsageError: a key outside `RESUMABLE` differs (one line, up to 4 keys), or the base
+        model's weights are not the checkpoint's (`BASE_KEY`; ``model.allow_base_change``).
     """
     old = meta.get("config")
     if not isinstance(old, dict):
         warn(f"checkpoint step {step} in {out_dir} stores no config (an older run); "
              "resuming without checking that the config is unchanged")
         return
+    from ais_jax.models.base_digest import check_same_base, source_digest
+
+    old = dict(old)
+    recorded = old.pop(BASE_KEY, None)
+    check_same_base(recorded if isinstance(recorded, str) else None,
+                    source_digest(cfg.model.source), f"cannot resume {out_dir} from step {step}",
+                    cfg.model.source, cfg.model.allow_base_change)
     new = flat_config(cfg)
     # keys added after the checkpoint was written (e.g. lora.*) at their defaults change nothing
     defaults = flat_config(type(cfg)())
@@ -258,9 +280,10 @@ def resume_plan(ckpt: Any, manager: Any, cfg: Any, overwrite: bool
     return last, done, meta.get("eval_before")
 
 
-def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: bool
-                   ) -> tuple[int, Any, dict[str, Any]]:
-    """Restore the newest checkpoint that restores into ``target``.
+def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: bool,
+                   allow_unverified: bool = False) -> tuple[int, Any, dict[str, Any]]:
+    """Restore the newest checkpoint that restores into ``target`` (and, unless
+    ``allow_unverified``, has its checksum file: `ais_jax.run.integrity.check_verifiable`).
 
     Newer steps that fail are reported in one line and, once an older step
     has restored, moved (by the main process) to
@@ -273,7 +296,7 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
     Raises:
       CheckpointError: no step restores (names ``out_dir``; suggests a new one).
     """
-    from ais_jax.run import multihost
+    from ais_jax.run import integrity, multihost
 
     steps = multihost.decide(lambda: ckpt.all_steps(manager))
     failed: list[str] = []
@@ -281,6 +304,8 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
         error = None
         try:
             meta = ckpt.read_metadata(manager, step)
+            integrity.check_verifiable(os.path.join(os.fspath(manager.directory), str(step)),
+                                       allow_unverified)
             state = ckpt.restore(manager, step, target)
         except CheckpointError as e:
             error = _reason(e)

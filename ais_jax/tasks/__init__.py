@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ais_jax.core.errors import UsageError
+from ais_jax.core.safe_yaml import clip
 from ais_jax.tasks import arithmetic, countdown, gsm_synth, multiplication, sudoku
 from ais_jax.tasks.base import Problem, Task, split_of
 from ais_jax.tasks.evaluate import EvalResult, evaluate, pass_at_k
@@ -74,6 +75,28 @@ def get_task(name: str) -> Task:
     raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}.{hint}")
 
 
+_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "int": ("an int", (int,)), "float": ("a number", (int, float)), "str": ("a str", (str,)),
+    "bool": ("a bool", (bool,)), "None": ("null", (type(None),)),
+}
+
+
+def _check_type(name: str, key: str, value: Any, param: inspect.Parameter | None) -> None:
+    """Refuse a ``task.difficulty`` value whose type the generator's annotation excludes."""
+    if param is None or not isinstance(param.annotation, str):
+        return
+    kinds = [_TYPES.get(t.strip()) for t in param.annotation.split("|")]
+    if not kinds or None in kinds:
+        return  # an annotation this check does not read: the generator decides
+    ok = any(isinstance(value, types) and (bool in types or not isinstance(value, bool))
+             for _, types in kinds)
+    if not ok:
+        want = " or ".join(k[0] for k in kinds)
+        raise UsageError(f"task.difficulty.{key}={clip(value)} must be {want} for task {name} "
+                         f"(default {param.default!r}); e.g. task.difficulty.{key}="
+                         f"{param.default}")
+
+
 def check_task_settings(name: str, difficulty: Mapping[str, Any], mistake_rate: float) -> None:
     """Check ``task.difficulty`` and ``sft.mistake_rate`` against a built-in task.
 
@@ -106,6 +129,8 @@ def check_task_settings(name: str, difficulty: Mapping[str, Any], mistake_rate: 
         if unknown:
             raise UsageError(f"task.difficulty has {unknown[0][:80]!r}, which task {name} does not "
                              f"take; valid keys: {', '.join(valid) or 'none'}")
+    for key, value in difficulty.items():
+        _check_type(name, key, value, params.get(key))
     try:
         task.generate(seed=0, n=1, split="train", **difficulty)
     except Exception as e:  # any failure here is caused by the user's values

@@ -183,6 +183,17 @@ def _kind(value: Any) -> str | None:
     return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "a value")
 
 
+class _HugeNumberError(ValueError):
+    """A JSON number that is not finite as a float64 (``1e999``); args[0] is its text."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _HugeNumberError(text[:40])
+    return value
+
+
 def _first_bad_json_line(path: str, kinds: bool = False) -> tuple[int, str] | None:
     """``(1-based line, what is wrong)`` of the first line of a JSON lines file that is not
     UTF-8 or not a JSON object (with ``kinds``: or whose column has another JSON type than
@@ -201,7 +212,10 @@ def _first_bad_json_line(path: str, kinds: bool = False) -> tuple[int, str] | No
             if not rows and stripped.startswith("["):
                 return None  # one JSON document, not JSON lines
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_float=_finite_float)
+            except _HugeNumberError as e:
+                return n, (f"the number {e.args[0]} is beyond float64's range; quote it "
+                           f'("{e.args[0]}") to keep it as text, or use a smaller number')
             except json.JSONDecodeError as e:
                 return n, f"invalid JSON ({e.msg}, column {e.colno})"
             except (ValueError, RecursionError) as e:  # an int of > 4300 digits, deep nesting

@@ -22,7 +22,9 @@ The reward of a completion is::
            + sum(reward.weights[name] * fn(...))            # weight 1 unless set
 
 Each function's unweighted batch mean is logged as ``reward/<name>``.  A
-function that raises (``SystemExit`` and ``KeyboardInterrupt`` included), returns
+function that raises (``SystemExit`` and ``KeyboardInterrupt`` included), calls
+``os._exit`` (caught while rewards run; a reference taken at import time,
+``from os import _exit``, is not), returns
 something that is not a float32-finite number, or whose calls of one RL step take
 longer than ``reward.timeout_s`` (a progress line every 10 s meanwhile), stops the
 run with a `UsageError` naming it (the CLI prints one line, exit 2).
@@ -45,6 +47,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import os
 import re
 import sys
 import threading
@@ -222,6 +225,43 @@ def _checked(name: str, value: Any) -> float:
 
 
 PROGRESS_EVERY_S = 10.0  # a progress line while a function's calls run longer than this
+_THREAD_PREFIX = "reward:"
+
+
+class _ProcessExit(BaseException):
+    """Raised in a reward thread in place of ``os._exit(status)``; args[0] is the status."""
+
+
+class _ExitGuard:
+    """While entered, ``os._exit`` called from a reward thread of this process raises
+    `_ProcessExit` instead of ending the process (no summary, no export, a stale lock);
+    any other caller (orbax threads, a forked child) exits as usual. Re-entrant."""
+
+    def __init__(self) -> None:
+        self._lock, self._depth, self._real = threading.Lock(), 0, os._exit
+        self._pid = os.getpid()
+
+    def _exit(self, status: int) -> None:
+        if (os.getpid() == self._pid
+                and threading.current_thread().name.startswith(_THREAD_PREFIX)):
+            raise _ProcessExit(status)
+        self._real(status)
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._real, self._pid = os._exit, os.getpid()
+                os._exit = self._exit  # type: ignore[assignment]
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                os._exit = self._real
+
+
+_EXIT_GUARD = _ExitGuard()
 
 
 def _bounded(name: str, call: Callable[[], list[Any]], timeout_s: float) -> list[Any]:
@@ -229,7 +269,8 @@ def _bounded(name: str, call: Callable[[], list[Any]], timeout_s: float) -> list
     ``timeout_s`` seconds; a progress line every `PROGRESS_EVERY_S` seconds.
 
     Anything the function raises, ``SystemExit`` and ``KeyboardInterrupt`` included, is the
-    function's error (a `UsageError` naming it), never an exit of the run. A function that
+    function's error (a `UsageError` naming it), never an exit of the run; so is a call of
+    ``os._exit`` (`_ExitGuard`), which would otherwise end the process on the spot. A function that
     does not return in time is reported by name; its thread is left behind (a daemon: it
     cannot be killed, and it dies with the process, which stops with the error).
     """
@@ -241,9 +282,26 @@ def _bounded(name: str, call: Callable[[], list[Any]], timeout_s: float) -> list
         except BaseException as e:  # the user's code: report everything
             box["error"] = e
 
-    thread = threading.Thread(target=work, name=f"reward:{name}", daemon=True)
+    thread = threading.Thread(target=work, name=f"{_THREAD_PREFIX}{name}", daemon=True)
     t0 = time.monotonic()
-    thread.start()
+    with _EXIT_GUARD:
+        thread.start()
+        _wait(name, thread, t0, timeout_s)
+    if "error" in box:
+        e = box["error"]
+        if isinstance(e, UsageError):
+            raise e
+        if isinstance(e, _ProcessExit):
+            raise UsageError(f"reward function {name} called os._exit({e.args[0]!r}), which "
+                             "would end the run with no checkpoint, summary or export; return "
+                             "a number instead (raise an exception to stop the run)") from None
+        raise UsageError(f"reward function {name} raised {type(e).__name__}: "
+                         f"{_one_line(e)}") from None
+    return box["values"]
+
+
+def _wait(name: str, thread: threading.Thread, t0: float, timeout_s: float) -> None:
+    """Join ``thread`` within ``timeout_s`` of ``t0``, printing a progress line meanwhile."""
     while True:
         left = timeout_s - (time.monotonic() - t0)
         thread.join(min(PROGRESS_EVERY_S, max(left, 0.0)))
@@ -255,13 +313,6 @@ def _bounded(name: str, call: Callable[[], list[Any]], timeout_s: float) -> list
                              f"{timeout_s:g} s; make it faster or raise reward.timeout_s")
         print(f"reward function {name} still running after {waited:.0f} s (reward.timeout_s="
               f"{timeout_s:g})", file=sys.stderr, flush=True)
-    if "error" in box:
-        e = box["error"]
-        if isinstance(e, UsageError):
-            raise e
-        raise UsageError(f"reward function {name} raised {type(e).__name__}: "
-                         f"{_one_line(e)}") from None
-    return box["values"]
 
 
 def score_rewards(rewards: Sequence[UserReward], completions: Sequence[str],

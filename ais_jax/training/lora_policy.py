@@ -110,16 +110,21 @@ def initial_adapters(cfg: Config, model_cfg: Any, lora_cfg: lora.LoraConfig) -> 
 
     Raises:
       UsageError: the rank exceeds a target's dimension; the adapter directory does not load
-        for this model (`ais_jax.models.peft_io.load_peft_adapter`, one line) or holds other
-        LoRA settings than the lora section.
+        for this model (`ais_jax.models.peft_io.load_peft_adapter`, one line), holds other
+        LoRA settings than the lora section, or was trained on another base
+        (`ais_jax.models.base_digest`; ``model.allow_base_change``).
     """
     lora.validate_lora(lora_cfg, model_cfg)
     if not cfg.model.adapter:
         return lora.init_adapters(jax.random.fold_in(jax.random.key(cfg.seed), 2), model_cfg,
                                   lora_cfg)
+    from ais_jax.models.base_digest import check_same_base, read_adapter_base, source_digest
     from ais_jax.models.peft_io import load_peft_adapter
 
     adapters, got = load_peft_adapter(cfg.model.adapter, model_cfg, jnp.float32)
+    check_same_base(read_adapter_base(cfg.model.adapter), source_digest(cfg.model.source),
+                    f"model.adapter {cfg.model.adapter}", cfg.model.source,
+                    cfg.model.allow_base_change)
     differ = adapter_mismatch(got, lora_cfg)
     if differ:
         raise UsageError(f"model.adapter {cfg.model.adapter} was trained with other LoRA "
