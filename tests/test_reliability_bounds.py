@@ -555,3 +555,35 @@ def test_row14_mask_of_strings_is_a_value_error():
             ais_coefficient(x, x, x, mask)
         with pytest.raises(ValueError, match="correction_weights: mask must be a bool or numer"):
             correction_weights(x, x, x, mask)
+
+
+def test_row2_a_second_signal_during_a_save_waits_for_the_save():
+    """Issue 39 row 2: the second SIGTERM used to end the process inside a checkpoint save
+    (a finalized step without its checksum file); now it waits for the save's end, then stops
+    with the same status; outside a save it still stops at once."""
+    import signal
+
+    from ais_jax.run.signals import StopFlag
+
+    flag = StopFlag()
+    flag._handle(signal.SIGTERM, None)  # the first signal: stop at a safe point
+    done = []
+    with pytest.raises(SystemExit) as e:
+        with flag.saving():
+            flag._handle(signal.SIGTERM, None)  # the second, mid-save: deferred
+            done.append("save finished")
+    assert done == ["save finished"] and e.value.code == 143
+    with pytest.raises(SystemExit) as e:  # not saving: at once
+        flag._handle(signal.SIGTERM, None)
+    assert e.value.code == 143
+    with pytest.raises(ValueError, match="disk"):  # a save that fails keeps its own error
+        with flag.saving():
+            flag._handle(signal.SIGTERM, None)
+            raise ValueError("disk")
+    flag = StopFlag()
+    flag._handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        with flag.saving():
+            flag._handle(signal.SIGINT, None)
+    with flag.saving():  # no second signal: nothing happens
+        pass

@@ -113,10 +113,11 @@ class _Job:
     def save(self, step: int) -> bool:
         from ais_jax.run import checkpoint as ckpt
 
-        return ckpt.save(self.manager, step, self.payload(self.state, self.ref_params),
-                         {"eval_before": self.eval_before, "prompt_bucket": self.r.prompt_bucket,
-                          "config": self.config}, keep=self.cfg.checkpoint.keep,
-                         protect=self.protect)
+        with self.stop.saving():  # a second signal waits for the save and its checksums
+            return ckpt.save(self.manager, step, self.payload(self.state, self.ref_params),
+                             {"eval_before": self.eval_before, "prompt_bucket":
+                              self.r.prompt_bucket, "config": self.config},
+                             keep=self.cfg.checkpoint.keep, protect=self.protect)
 
 
 def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrite: bool,

@@ -8,7 +8,9 @@
 * final evaluation and export: they finish (the results are then complete); the run exits 0.
 
 A second signal of the same kind stops at once (exit status 143 for SIGTERM, 130 for SIGINT),
-after one line saying so; every checkpoint already written stays valid. `Interrupted` carries
+after one line saying so; every checkpoint already written stays valid.  While a checkpoint is
+being written (`StopFlag.saving`), that stop waits for the save and its checksums to finish, so
+no step is left finalized but unverified (issue 39 row 2). `Interrupted` carries
 the exit status ``128 + signum`` of a stop at a safe point.
 """
 
@@ -59,19 +61,42 @@ class StopFlag:
         self.signum: int | None = None
         self.phase = "start"
         self._old: dict[int, Any] = {}
+        self._saving = False
+        self._deferred: int | None = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.signum == signum:
+            if self._saving:
+                self._deferred = signum
+                print(f"received {name} again: stopping once the checkpoint being written is "
+                      "complete (with its checksums)", file=sys.stderr, flush=True)
+                return
             print(f"received {name} again: stopping at once; checkpoints already written are "
                   "kept: rerun the same command to resume from the latest", file=sys.stderr,
                   flush=True)
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
+            self._stop_now(signum)
         self.signum = signum
         print(f"received {name}: {PHASES.get(self.phase, PHASES['grpo'])}; send it again to "
               "stop at once", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _stop_now(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """A checkpoint is being written inside: a second signal waits for the block's end,
+        then stops at once (as it would have), unless the block raised."""
+        self._saving, self._deferred = True, None
+        try:
+            yield
+        finally:
+            self._saving = False
+        if self._deferred is not None:
+            self._stop_now(self._deferred)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopFlag]:
