@@ -215,6 +215,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     """Write ``results`` (markdown) and the PNGs in ``figures`` from the logs."""
     import long_arms
     import replication
+    import smollm2_fp4
     import smollm2_mechanism
     names = runs()
     loaded = {n: load(n) for n in names}
@@ -280,6 +281,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         *long_arms.render(figures),
         *replication.render(),
         *smollm2_mechanism.render(),
+        *smollm2_fp4.render(),
         "## The short-response setting (the embedded default)",
         "",
         "### Setting",

@@ -64,15 +64,15 @@ def planned(seeds: Sequence[int] = SEEDS,
 
 
 def _compare():
-    import compare  # experiments/compare.py: run_one, past, load
+    import common  # experiments/common.py: run_one, past, load (no import of a driver)
 
-    return compare
+    return common
 
 
 def cmd_run(seeds: Sequence[int], arms: Sequence[str], scratch: str, dry_run: bool,
             until: str = "") -> None:
     """Train every planned run without a log, one at a time, in order; ``until``: start none
-    past this ISO date-time (`compare.past`), so a session's end never cuts one off."""
+    past this ISO date-time (`common.past`), so a session's end never cuts one off."""
     c = _compare()
     for name, ov in planned(seeds, arms).items():
         if os.path.exists(os.path.join(LOGS, name, "run.json")):
@@ -89,7 +89,7 @@ def cmd_run(seeds: Sequence[int], arms: Sequence[str], scratch: str, dry_run: bo
 
 
 def loaded(logs: str = LOGS) -> dict[str, dict]:
-    """Every logged run of the study: ``fp4_<arm>_s<seed>`` -> `compare.load`'s dict."""
+    """Every logged run of the study: ``fp4_<arm>_s<seed>`` -> `common.load`'s dict."""
     c = _compare()
     return {n: r for n in planned() if (r := c.load(n, logs)) is not None}
 
