@@ -568,10 +568,9 @@ def test_row2_a_second_signal_during_a_save_waits_for_the_save():
     flag = StopFlag()
     flag._handle(signal.SIGTERM, None)  # the first signal: stop at a safe point
     done = []
-    with pytest.raises(SystemExit) as e:
-        with flag.saving():
-            flag._handle(signal.SIGTERM, None)  # the second, mid-save: deferred
-            done.append("save finished")
+    with pytest.raises(SystemExit) as e, flag.saving():
+        flag._handle(signal.SIGTERM, None)  # the second, mid-save: deferred
+        done.append("save finished")
     assert done == ["save finished"] and e.value.code == 143
     with pytest.raises(SystemExit) as e:  # not saving: at once
         flag._handle(signal.SIGTERM, None)
@@ -582,8 +581,7 @@ def test_row2_a_second_signal_during_a_save_waits_for_the_save():
             raise ValueError("disk")
     flag = StopFlag()
     flag._handle(signal.SIGINT, None)
-    with pytest.raises(KeyboardInterrupt):
-        with flag.saving():
-            flag._handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt), flag.saving():
+        flag._handle(signal.SIGINT, None)
     with flag.saving():  # no second signal: nothing happens
         pass

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ais_jax.config.bounds import check_numeric_bounds
 from ais_jax.config.schema import CHOICES, SKIP_PATH_CHECK_ENV, SPECIAL_SOURCES
 from ais_jax.core.errors import UsageError
-from ais_jax.core.safe_yaml import clip
+from ais_jax.core.safe_yaml import PATH_CHARS, clip
 
 if TYPE_CHECKING:
     from ais_jax.config.schema import (
@@ -50,22 +50,24 @@ def _check_path(key: str, path: str, allow_dir: bool = False) -> None:
     if key == "model.source":
         _require(
             os.path.exists(path),
-            f"model.source path {clip(path)} does not exist; point it at an HF directory or a "
-            f".gguf file, or use 'scratch' or 'smollm2'",
+            f"model.source path {clip(path, PATH_CHARS)} does not exist; point it at an HF "
+            "directory or a .gguf file, or use 'scratch' or 'smollm2'",
         )
         _require(
             os.path.isdir(path) or path.endswith(".gguf"),
-            f"model.source {clip(path)} is neither a directory nor a .gguf file; "
+            f"model.source {clip(path, PATH_CHARS)} is neither a directory nor a .gguf file; "
             "point it at an HF directory or a .gguf file",
         )
     elif key == "out_dir":
         _require(not os.path.exists(path) or os.path.isdir(path),
-                 f"out_dir {clip(path)} is an existing file, not a directory; pick another out_dir")
+                 f"out_dir {clip(path, PATH_CHARS)} is an existing file, not a directory; "
+                 "pick another out_dir")
         _check_no_dangling_link(path)
     else:
         _require(
             os.path.isfile(path) or (allow_dir and os.path.isdir(path)),
-            f"{key} {clip(path)} is not a file; point it at a local JSONL file or set it to ''",
+            f"{key} {clip(path, PATH_CHARS)} is not a file; point it at a local JSONL file or set "
+            "it to ''",
         )
 
 
@@ -76,8 +78,8 @@ def _check_no_dangling_link(path: str) -> None:
         prefix = os.sep.join(parts[:i])
         if os.path.islink(prefix) and not os.path.exists(prefix):
             target = os.path.join(os.path.dirname(prefix), os.readlink(prefix))
-            _require(False, f"out_dir {clip(path)}: {prefix} is a symbolic link to {target}, "
-                     f"which does not exist; create {target} or use another out_dir")
+            _require(False, f"out_dir {clip(path, PATH_CHARS)}: {prefix} is a symbolic link to "
+                     f"{target}, which does not exist; create {target} or use another out_dir")
         if not os.path.lexists(prefix):
             return
 

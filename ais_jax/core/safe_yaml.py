@@ -32,6 +32,7 @@ MAX_DEPTH = 32  # nested collections
 MAX_NUMBER_CHARS = 100  # characters of an int or float scalar
 MAX_BYTES = 1 << 20  # config text
 CLIP_CHARS = 80  # characters of a user value quoted in an error message
+PATH_CHARS = 1024  # of a file path: the user needs all of it to find the file
 
 
 def clip(value: Any, limit: int = CLIP_CHARS) -> str:
@@ -189,17 +190,19 @@ def read_mapping(path: str) -> dict[str, Any]:
     """
     if not os.path.exists(path) or os.path.isdir(path):
         what = "is a directory" if os.path.isdir(path) else "not found"
-        raise UsageError(f"config file {clip(path)} {what}; pass the path of a YAML file")
+        raise UsageError(f"config file {clip(path, PATH_CHARS)} {what}; pass the path of a "
+                         "YAML file")
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(MAX_BYTES + 1)
         raw = load(text)
     except YAMLInputError as e:
         line = f" {e.where}" if e.where else ""
-        raise UsageError(f"YAML syntax error in {cut(path)}{line}: {e.problem}; fix the "
-                         "file") from None
+        raise UsageError(f"YAML syntax error in {cut(path, PATH_CHARS)}{line}: {e.problem}; "
+                         "fix the file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read config file {cut(path)}: {cut(str(e))}") from None
+        raise UsageError(f"cannot read config file {cut(path, PATH_CHARS)}: {cut(str(e))}"
+                         ) from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ais_jax.core.errors import UsageError, storage_error
-from ais_jax.core.safe_yaml import clip
+from ais_jax.core.safe_yaml import PATH_CHARS, clip
 
 SUMMARY = "summary.json"
 FINAL = "final"
@@ -72,7 +72,7 @@ def make_out_dir(out_dir: str) -> None:
         se = storage_error(e, out_dir)
         if se is not None:
             raise se from None
-        raise UsageError(f"cannot create out_dir {clip(out_dir)}: {e.strerror or e}; "
+        raise UsageError(f"cannot create out_dir {clip(out_dir, PATH_CHARS)}: {e.strerror or e}; "
                          "use another out_dir (a directory path you can write to)") from None
 
 
