@@ -575,10 +575,10 @@ def test_row2_a_second_signal_during_a_save_waits_for_the_save():
     with pytest.raises(SystemExit) as e:  # not saving: at once
         flag._handle(signal.SIGTERM, None)
     assert e.value.code == 143
-    with pytest.raises(ValueError, match="disk"):  # a save that fails keeps its own error
-        with flag.saving():
-            flag._handle(signal.SIGTERM, None)
-            raise ValueError("disk")
+    # a save that fails keeps its own error
+    with pytest.raises(ValueError, match="disk"), flag.saving():
+        flag._handle(signal.SIGTERM, None)
+        raise ValueError("disk")
     flag = StopFlag()
     flag._handle(signal.SIGINT, None)
     with pytest.raises(KeyboardInterrupt), flag.saving():
