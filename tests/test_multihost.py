@@ -120,24 +120,36 @@ def _metrics(out_dir) -> list[dict]:
 
 
 @pytest.mark.slow  # a 1-process run and two 2-process runs (~100 s on 2 busy cores)
-def test_two_processes_with_gradients_and_a_resume_match_one_process(tmp_path):
+def test_two_processes_with_gradients_and_a_resume_match_one_process(tmp_path, monkeypatch):
     # fsdp=4 over 2 processes x 2 devices: params and optimizer state are split across the
     # processes. A reward by token content (the share of digits) gives an untrained model
     # rewards that vary within groups, so every compared step takes a real optimizer step.
     # The 2-process run stops after step 1 and resumes to step 2 (process 0 reads the
     # checkpoint's metadata alone when it decides the resume step: it once hung there).
+    # Each process scores only its own rows: the reward function counts its calls per pid.
+    scored = tmp_path / "scored"
+    scored.mkdir()
+    monkeypatch.setenv("AIS_JAX_SCORED_DIR", str(scored))
     args = [*TINY_RUN, "train.learning_rate=0.003", "checkpoint.every=1", "mesh.fsdp=4",
-            f"reward.functions.d={REWARD_FN}"]
+            f"reward.functions.d={REWARD_FN.replace(':digit_share', ':counted_digit_share')}"]
     one = subprocess.run(
         [sys.executable, "-m", "ais_jax.train", f"out_dir={tmp_path / 'one'}", *args,
          "train.steps=2"], capture_output=True, text=True, timeout=240,
         env=dict(os.environ, JAX_NUM_CPU_DEVICES="4"))
     assert one.returncode == 0, one.stderr[-3000:]
+    # One process, 2 steps of 8 prompts x 4 samples: it scored all 64 rows.
+    assert [len((scored / f).read_text().split()) for f in os.listdir(scored)] == [64]
     d = tmp_path / "two"
     for steps in (1, 2):
+        for f in os.listdir(scored):
+            os.remove(scored / f)
         out, _ = _pair([d, d], *args, f"train.steps={steps}", timeout=240)
         for i, (rc, _, err) in enumerate(out):
             assert rc == 0, (i, err[-3000:])
+        # One new step per run (the second resumes from step 1): each of the 2 processes
+        # scored its own 16 of the step's 32 rows, none twice.
+        assert sorted(len((scored / f).read_text().split()) for f in os.listdir(scored)) == \
+            [16, 16], os.listdir(scored)
     assert "resumed from step 1" in out[0][1], out[0][1]
     a, b = _metrics(tmp_path / "one"), _metrics(d)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]

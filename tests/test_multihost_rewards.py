@@ -1,18 +1,43 @@
-"""A reward that differs between the processes of a run is refused on all of them (issue 37
-item 5): real 2-process runs (2 processes x 2 CPU devices, a loopback coordinator), bounded."""
+"""Rewards across the processes of a run (issue 37 item 5): each process scores only the rows
+its devices sampled, so a reward that would differ between hosts cannot make them disagree,
+and a reward that fails on one host stops every process. Real 2-process runs (2 processes x
+2 CPU devices, a loopback coordinator), bounded by `_pair`'s timeout."""
 
 from __future__ import annotations
 
-from test_multihost import MIN, _assert_one_line_exit_2, _pair
+import json
+
+from test_multihost import MIN, REWARD_FN, _error_lines, _pair
+
+# 4 prompts x 2 samples = 8 rows on fsdp=4: rows 0-3 on process 0's devices, 4-7 on process 1's
+FOUR = [*MIN, "mesh.data=1", "mesh.fsdp=4", "rollout.prompts_per_step=4"]
 
 
-def test_a_reward_that_depends_on_the_host_stops_every_process_with_one_line(tmp_path):
+def test_each_row_is_scored_by_the_one_process_that_sampled_it(tmp_path):
     fn = tmp_path / "host_reward.py"
     fn.write_text("import os\n\n\ndef by_process(completion, prompt, row):\n"
                   "    return float(os.environ['AIS_JAX_PROCESS_ID'])\n")
     d = tmp_path / "run"
-    # mesh over all 4 devices (the default mesh is being fixed for 2 processes: issue 37 item 6)
-    out, elapsed = _pair([d, d], *MIN, "mesh.data=1", "mesh.fsdp=4", "rollout.prompts_per_step=4",
-                         f"reward.functions.host={fn}:by_process", timeout=240)
-    _assert_one_line_exit_2(out, elapsed, contains="the rewards of this step differ between "
-                            "processes (process 0 and process(es) [1]")
+    out, _ = _pair([d, d], *FOUR, f"reward.functions.host={fn}:by_process", timeout=240)
+    for i, (rc, _, err) in enumerate(out):
+        assert rc == 0, (i, err[-3000:])
+    with open(d / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    # Half the rows were scored on process 0 (value 0) and half on process 1 (value 1): every
+    # process trained on the same combined rewards, whose mean is exactly 0.5.
+    assert [r["reward/host"] for r in records] == [0.5, 0.5], records
+
+
+def test_a_reward_that_fails_on_one_process_stops_both(tmp_path):
+    # A reward function that raises on process 1 only must not leave process 0 waiting for
+    # process 1's rewards: both exit 2 with process 1's line.
+    d = tmp_path / "run"
+    fn = REWARD_FN.replace(":digit_share", ":fails_on_process_1")
+    out, _ = _pair([d, d], *FOUR, f"reward.functions.f={fn}", timeout=240)
+    lines = []
+    for i, (rc, _, err) in enumerate(out):
+        errs = _error_lines(err)
+        assert rc == 2 and "Traceback" not in err and len(errs) == 1, (i, err[-3000:])
+        lines.append(errs[0])
+    assert lines[0] == lines[1], lines
+    assert "process 1: " in lines[0] and "this host cannot score" in lines[0], lines[0]

@@ -187,7 +187,7 @@ def _num(x: Any) -> float | None:
 
 def completion_rows(step: int, prompts: Sequence[str], completions: Sequence[str],
                     rewards: Any, stats: dict[str, np.ndarray],
-                    limit: int = 0) -> list[dict[str, Any]]:
+                    limit: int = 0, rows: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """The completions-table rows of one step (non-finite numbers become None).
 
     Args:
@@ -197,13 +197,16 @@ def completion_rows(step: int, prompts: Sequence[str], completions: Sequence[str
       rewards: ``[B]`` total rewards.
       stats: `ais_jax.method.corrections.ratio_stats` of the rows.
       limit: keep the first ``limit`` rows; 0 keeps all.
+      rows: the batch row of each entry (a multi-process run passes the rows its process
+        scored, `ais_jax.training.placement.owned_rows`); None: ``0, 1, ...``.
 
     Returns:
       One dict per row with the keys of `COLUMNS`.
     """
     n = len(completions) if limit <= 0 else min(limit, len(completions))
     rew = np.asarray(rewards).reshape(-1)
-    return [{"step": step, "row": i, "prompt": prompts[i], "completion": completions[i],
+    ids = range(n) if rows is None else [int(r) for r in rows]
+    return [{"step": step, "row": ids[i], "prompt": prompts[i], "completion": completions[i],
              "reward": _num(rew[i]), "tokens": int(stats["tokens"][i]),
              **{k: _num(stats[k][i]) for k in COLUMNS[6:]}} for i in range(n)]
 
@@ -218,7 +221,7 @@ def samples_hook(log: Any, step: int, rows: list[dict[str, Any]]) -> Any:
       rows: receives the step's `completion_rows`.
 
     Returns:
-      ``on_samples(prompts, completions, rewards, stats)``, or None when ``step``
+      ``on_samples(prompts, completions, rewards, stats, batch_rows)``, or None when ``step``
       is not a multiple of ``log.completions_every`` (or it is 0).
     """
     every = log.completions_every
@@ -226,9 +229,9 @@ def samples_hook(log: Any, step: int, rows: list[dict[str, Any]]) -> Any:
         return None
 
     def on_samples(prompts: list[str], completions: list[str], rewards: np.ndarray,
-                   stats: dict[str, np.ndarray]) -> None:
+                   stats: dict[str, np.ndarray], batch_rows: np.ndarray) -> None:
         rows.extend(completion_rows(step, prompts, completions, rewards, stats,
-                                    limit=log.completions_rows))
+                                    limit=log.completions_rows, rows=batch_rows))
 
     return on_samples
 

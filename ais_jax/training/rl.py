@@ -51,7 +51,7 @@ from ais_jax.tasks.user_rewards import score_rewards
 from ais_jax.training.build import Run
 from ais_jax.training.flops import StepTimes, grpo_step_flops, perf_record
 from ais_jax.training.optim import TrainState
-from ais_jax.training.placement import check_same_on_every_process, to_global, to_host
+from ais_jax.training.placement import combine_rows, owned_rows, rows_to_host, to_global
 
 
 def grow_prompt_bucket(run: Run, longest: int) -> int:
@@ -78,8 +78,10 @@ def grow_prompt_bucket(run: Run, longest: int) -> int:
 
 
 RLStep = Callable[..., tuple[TrainState, dict[str, float]]]
-# on_samples(prompts, completions, rewards [B], ratio_stats): one step's rows, on the host
-OnSamples = Callable[[list[str], list[str], np.ndarray, dict[str, np.ndarray]], None]
+# on_samples(prompts, completions, rewards [n], ratio_stats, rows [n]): the step's rows this
+# process scored (all B with one process; `ais_jax.training.placement.owned_rows`), on the host
+OnSamples = Callable[[list[str], list[str], np.ndarray, dict[str, np.ndarray], np.ndarray],
+                     None]
 
 
 def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
@@ -94,6 +96,27 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
     clock = time.perf_counter if timing else _no_clock
     kl = ref_params is not None and cfg.train.beta_kl > 0
     device, num_devices = (jax.devices()[0], jax.device_count()) if timing else (None, 0)
+
+    width = 3 + len(run.rewards)
+
+    def score_rows(texts: list[str], flat: list[Any], lengths: np.ndarray, rows: np.ndarray,
+                   total: int) -> np.ndarray:
+        """``[total, 3 + F]`` float32 of the whole batch: task reward, verdict (0 / 1),
+        completion tokens and the unweighted user rewards.  This process scores only its
+        own ``rows`` (whose completions are ``texts``, problems ``flat``, token counts
+        ``lengths``); `combine_rows` brings every process's rows together, and an error on
+        one process stops all of them with its line."""
+        try:
+            task_r, ok = score_batch(run.task, texts, flat, reward_cfg)
+            user = score_rewards(run.rewards, texts, flat,  # [n, F] unweighted, checked
+                                 timeout_s=cfg.reward.timeout_s)
+            mine = np.column_stack([task_r, ok.astype(np.float32), lengths, user])
+            error = ""
+        except Exception as e:  # a peer must not wait for a process that failed alone
+            if jax.process_count() == 1:
+                raise
+            mine, error = None, " ".join(str(e).split()) or type(e).__name__
+        return combine_rows(mine, rows, total, width, error)
 
     def rl_step(state: TrainState, problems: Sequence[Any], key: jax.Array,
                 on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
@@ -123,24 +146,26 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         # decodes and verifies (unless the update takes it from its own forward).
         need = fns.score_for_update or on_samples is not None
         logp_old = fns.score(state.params, batch) if need else None
-        toks, msk = to_host(batch.tokens), to_host(batch.mask)
+        rows = owned_rows(batch.tokens)  # this process's rows (all of them with one process)
+        toks, msk = rows_to_host(batch.tokens, rows), rows_to_host(batch.mask, rows)
         t_tokens = clock()
         texts = [codec.decode(toks[i], msk[i]) for i in range(toks.shape[0])]
-        flat = [p for p in problems for _ in range(G)]
-        rewards, correct = score_batch(run.task, texts, flat, reward_cfg)
-        user = score_rewards(run.rewards, texts, flat,  # [B, F] unweighted, checked
-                             timeout_s=cfg.reward.timeout_s)
+        every = [p for p in problems for _ in range(G)]
+        flat = [every[i] for i in rows]
+        scores = score_rows(texts, flat, msk.sum(1), rows, len(every))
+        rewards, correct, user = scores[:, 0], scores[:, 1] > 0, scores[:, 3:]
         rewards = rewards + user @ weights if run.rewards else rewards
-        check_same_on_every_process(rewards, "the rewards of this step")  # several processes
         rewards_g = to_global(rewards.reshape(len(problems), G), sh)
         if on_samples is not None:  # before the update: state is donated to it
-            lo, lr = to_host(logp_old), to_host(batch.logp)
-            if isinstance(lo, tuple):  # LLaDA, diffusion.ratio=trajectory: the correction's pair
-                lo, lr = lo[1], to_host(batch.traj_logp)
-            elif lr.ndim == 3:  # LLaDA: [M, B, N], one estimate per inner iteration's masks
-                lo, lr = lo[0], lr[0]
+            if isinstance(logp_old, tuple):  # LLaDA, diffusion.ratio=trajectory
+                lo, lr = rows_to_host(logp_old[1], rows), rows_to_host(batch.traj_logp, rows)
+            elif batch.logp.ndim == 3:  # LLaDA: [M, B, N], one estimate per inner iteration
+                lo = rows_to_host(logp_old, rows, axis=1)[0]
+                lr = rows_to_host(batch.logp, rows, axis=1)[0]
+            else:
+                lo, lr = rows_to_host(logp_old, rows), rows_to_host(batch.logp, rows)
             stats = ratio_stats(lo, lr, msk)
-            on_samples([codec.prompt_text(p) for p in flat], texts, rewards, stats)
+            on_samples([codec.prompt_text(p) for p in flat], texts, rewards[rows], stats, rows)
         t_update = clock()
         state, met = fns.update(state, batch, rewards_g, ukey, ref_params,
                                 logp_old if fns.score_for_update else None)
@@ -148,9 +173,10 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         record.update({k: float(v) for k, v in jax.device_get(met).items()})
         if timing:
             times = StepTimes(t_start, t_rollout, t_tokens, t_update, time.perf_counter())
-            flops = grpo_step_flops(cfg, run.model_cfg, pt.shape[1], int(msk.sum(1).max()),
+            flops = grpo_step_flops(cfg, run.model_cfg, pt.shape[1], int(scores[:, 2].max()),
                                     kl=kl, score_separately=fns.score_for_update)
-            record.update(perf_record(times, float(msk.sum()), flops, device, num_devices))
+            record.update(perf_record(times, float(scores[:, 2].sum(dtype=np.float64)), flops,
+                                      device, num_devices))
         record.update({f"reward/{r.name}": float(user[:, j].mean())
                        for j, r in enumerate(run.rewards)})
         return state, record
