@@ -1,12 +1,20 @@
 """Session setup shared by every test module.
 
-The tests' runs use a persistent compilation cache of their own, a fresh directory per
-session, instead of the user's (``runtime.compile_cache``'s default, ``~/.cache/ais_jax/jax``):
-the suite then neither depends on nor adds to what other processes left there.  A cache
-shared with other jobs can hold an entry another process was killed while writing, and
-XLA aborts the whole process when it deserializes such an entry (seen once beside killed
-runs on the 2-core VM).  ``JAX_COMPILATION_CACHE_DIR`` is the variable both JAX and
+*Compilation cache.*  Most of the suite's time is XLA compiling the same tiny programs again
+in fresh processes (CLI runs, multi-process runs) and in new jit closures, so the suite keeps
+one persistent compilation cache of its own, shared by both xdist workers and every process
+they start: a fresh directory per session (made by the controller, removed at its end),
+never the user's (``runtime.compile_cache``'s default, ``~/.cache/ais_jax/jax``).
+``JAX_COMPILATION_CACHE_DIR`` is the variable both JAX and
 `ais_jax.run.runtime.resolve_compile_cache` read; it is set before any test imports JAX.
+
+JAX writes a cache entry in place (no temporary file and rename), and takes its file lock
+for reads and writes only when ``jax_compilation_cache_max_size`` is set; a reader that met
+a half-written entry would make XLA abort the process.  So the size is set (4 GiB: the lock
+is on, eviction never happens in a session), and the one test that SIGKILLs a run gives
+that run no cache (tests/test_train.py).  An earlier form of the suite turned the cache
+off after XLA aborted in the long-lived pytest process; that abort was the mapping limit
+`_free_compiled_programs` now guards against (commit 1180568), not the cache.
 """
 
 from __future__ import annotations
@@ -17,19 +25,23 @@ import tempfile
 
 import pytest
 
-os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ais_jax_test_cache_")
-# Off for the suite and the processes it starts (test_runtime's cache tests turn it on for
-# themselves): each test compiles its programs in its own process anyway.
-os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-
-_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
+# The controller (or a run without xdist) makes the directory; its workers inherit it.
+_OWNER = "AIS_JAX_TEST_CACHE" not in os.environ
+if _OWNER:
+    os.environ["AIS_JAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="ais_jax_test_cache_")
+_CACHE = os.environ["AIS_JAX_TEST_CACHE"]
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)  # turns JAX's file lock on
+os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """Remove the session's compilation cache."""
+    """Remove the session's compilation cache (its owner only: a worker's end is not the
+    session's)."""
     import shutil
 
-    shutil.rmtree(_CACHE, ignore_errors=True)
+    if _OWNER:
+        shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -76,7 +76,6 @@ def test_defaults_and_resolution(tmp_path):
 
 
 def test_setup_writes_the_cache_and_turns_it_off(tmp_path):
-    jax.config.update("jax_enable_compilation_cache", True)  # off for the suite (conftest.py)
     cache = tmp_path / "cache"
     assert runtime.setup(RuntimeSection(compile_cache=str(cache))) == str(cache)
     assert jax.config.jax_compilation_cache_dir == str(cache)
@@ -85,7 +84,6 @@ def test_setup_writes_the_cache_and_turns_it_off(tmp_path):
     assert [p for p in os.listdir(cache) if p.endswith("-cache")]
     assert runtime.setup(RuntimeSection(compile_cache="none")) is None
     assert jax.config.jax_compilation_cache_dir is None
-    jax.config.update("jax_enable_compilation_cache", False)
 
 
 def test_bad_directories(tmp_path, monkeypatch, capsys):
@@ -128,9 +126,8 @@ _PROBE = textwrap.dedent("""
 
 def test_second_process_hits_the_cache(tmp_path):
     def probe():
-        env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_COMPILATION_CACHE"}
         out = subprocess.run([sys.executable, "-c", _PROBE, str(tmp_path / "cache")],
-                             capture_output=True, text=True, timeout=120, env=env)
+                             capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         return int(out.stdout.split()[-1])
 
@@ -157,12 +154,8 @@ def test_trace_is_stopped_when_a_step_fails(tmp_path, capsys):
 
 def test_profiled_cli_run_writes_a_trace_and_the_cache(tmp_path, capsys):
     out, cache = tmp_path / "run", tmp_path / "cache"
-    jax.config.update("jax_enable_compilation_cache", True)  # off for the suite (conftest.py)
-    try:
-        code = train.main([f"out_dir={out}", *TINY, "train.steps=3", "runtime.profile_steps=1",
-                           f"runtime.compile_cache={cache}", "--profile"])
-    finally:
-        jax.config.update("jax_enable_compilation_cache", False)
+    code = train.main([f"out_dir={out}", *TINY, "train.steps=3", "runtime.profile_steps=1",
+                       f"runtime.compile_cache={cache}", "--profile"])
     assert code == 0, capsys.readouterr().err
     assert "profiler trace of RL steps 2-2 written" in capsys.readouterr().out
     runs = glob.glob(str(out / "profile" / "plugins" / "profile" / "*"))
