@@ -167,3 +167,18 @@ def test_a_program_the_compiler_fails_on_is_reported_and_the_verdict_is_not_know
     p = pr.compile_program(_Lowered(jax.errors.JaxRuntimeError(msg)))
     assert p["peak_bytes"] is None and p["failed"] == msg and "refused" not in p
     assert not pr.fits([1, p["peak_bytes"]], 10**9)
+
+
+def test_gpu_targets_get_the_flags_a_deviceless_compile_needs(monkeypatch):
+    # The 8B update failed in the CUDA plugin ("Error loading CUDA libraries") until CUB's
+    # radix sort and autotuning were off; a flag the user set keeps the user's value.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=2")
+    monkeypatch.delenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", raising=False)
+    pt.prepare_env(pt.parse_target("h100x8"))
+    flags = os.environ["XLA_FLAGS"].split()
+    assert sorted(flags) == ["--xla_gpu_autotune_level=2", "--xla_gpu_enable_cub_radix_sort=false",
+                             "--xla_gpu_enable_triton_gemm=false"]
+    assert os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] == "1"
+    monkeypatch.setenv("XLA_FLAGS", "")
+    pt.prepare_env(pt.parse_target("v5e-1"))  # TPU: nothing added
+    assert os.environ["XLA_FLAGS"] == ""

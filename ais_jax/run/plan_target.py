@@ -153,15 +153,25 @@ def target_devices(target: Target) -> list[Any]:
     return list(topo.devices)
 
 
+# XLA GPU flags a compile without a GPU needs (a flag the user set is kept): cuBLAS GEMMs
+# (without autotuning XLA's Triton emitter finds no tile sizes for some 8B GEMMs), no
+# autotuning (it runs kernels), and XLA's own sort instead of CUB's radix sort (its scratch
+# size is asked from the CUDA runtime: the 8B update's quantiles of 131k log-ratios failed
+# with "Error loading CUDA libraries"); docs/measurements/plan_targets.md.
+GPU_FLAGS = {"xla_gpu_enable_triton_gemm": "false", "xla_gpu_autotune_level": "0",
+             "xla_gpu_enable_cub_radix_sort": "false"}
+
+
 def prepare_env(target: Target) -> None:
     """Environment the plugin needs before JAX starts: CUDA's version check skipped (it needs
-    the CUDA libraries) and cuBLAS GEMMs (without autotuning XLA's Triton emitter finds no tile
-    sizes for some 8B GEMMs; docs/measurements/deviceless_gpu_compile.md)."""
+    the CUDA libraries) and the XLA flags of `GPU_FLAGS`."""
     if target.platform == "cuda":
         os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
         flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_gpu_enable_triton_gemm" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_enable_triton_gemm=false").strip()
+        for name, value in GPU_FLAGS.items():
+            if name not in flags:
+                flags = f"{flags} --{name}={value}".strip()
+        os.environ["XLA_FLAGS"] = flags
 
 
 @contextlib.contextmanager
