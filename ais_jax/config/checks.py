@@ -156,6 +156,9 @@ def _validate_train(tr: TrainSection, r: RolloutSection) -> None:
     nonnegative = ("warmup_steps", "clip_norm", "weight_decay", "clip_eps_high", "beta_kl",
                    "micro_batch_size", "logprob_chunk", "rng_stream")
     _at_least("train", tr, (*nonnegative, "reward_format_weight"), 0)
+    _require(not isinstance(r.staleness, bool) and 0 <= r.staleness < tr.steps,
+             f"rollout.staleness must be in [0, train.steps) = [0, {tr.steps}), got "
+             f"{clip(r.staleness)}; 0 samples each batch with the current policy")
     batch = r.prompts_per_step * r.group_size
     _require(
         batch % tr.minibatches == 0,
@@ -267,6 +270,8 @@ def check_diffusion(cfg: Config) -> None:
     _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")
     _require(not r.fused_linears, "the LLaDA model has no fused rollout layout; set "
              "rollout.fused_linears=false")
+    _require(r.staleness == 0, "asynchronous rollouts (rollout.staleness > 0) do not support "
+             "a LLaDA policy yet; set rollout.staleness=0")
 
 
 # The parameter table's block linears, the LoRA targets (`ais_jax.models.lora.TARGETS`; the
@@ -287,6 +292,9 @@ def check_lora(cfg: Config) -> None:
     lo = cfg.lora
     _require(not isinstance(lo.rank, bool) and lo.rank >= 0,
              f"lora.rank must be >= 0 (0 = off), got {clip(lo.rank)}")
+    _require(lo.rank == 0 or cfg.rollout.staleness == 0, "asynchronous rollouts "
+             "(rollout.staleness > 0) do not support LoRA yet; set rollout.staleness=0 or "
+             "lora.rank=0")
     if lo.rank == 0:
         _require(not cfg.model.adapter, f"model.adapter={clip(cfg.model.adapter)} needs LoRA "
                  "on; set lora.rank > 0 (the adapter's rank)")

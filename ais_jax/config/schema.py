@@ -122,6 +122,11 @@ class RolloutSection:
     # up to summation order; on an H200 compile no fewer kernels, XLA merges them itself;
     # FP4 weights stay unfused; needs mesh.tensor = 1; docs/performance.md)
     fused_linears: bool = False
+    # asynchronous rollouts: the batch trained at step t is sampled by the params of step
+    # t - k (the first k steps: the initial policy), while the trainer updates; the
+    # correction then covers staleness and quantization at once (docs/spec.md section 9).
+    # 0 = the synchronous step. Not yet with LoRA or a LLaDA policy.
+    staleness: int = 0
 
 
 @dataclass(frozen=True)

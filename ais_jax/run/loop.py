@@ -14,7 +14,6 @@ resumes from the latest checkpoint in ``out_dir`` when rerun with the same confi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -24,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ais_jax.run import multihost, results, runguard
+from ais_jax.run import final, multihost, results, runguard
 from ais_jax.run.signals import Interrupted, StopFlag
 
 
@@ -96,13 +95,26 @@ class _Job:
     ref_params: Any = None
     eval_before: dict[str, Any] | None = None
     protect: int | None = None  # the restored checkpoint: never pruned by checkpoint.keep
+    stale: Any = None  # rollout.staleness >= 1: the StaleRollouts of the GRPO loop
+    inflight: tuple = ()  # the in-flight batches a resume restored (rollout.staleness)
 
     def payload(self, state: Any, ref: Any) -> Any:
         """What a checkpoint holds: the train state, and the KL reference when used (full
-        fine-tuning) or the warm-started frozen base (LoRA after a warm start)."""
-        if self.keep_base:
-            return (state, self.r.lora.base)
-        return (state, ref) if self.use_ref else state
+        fine-tuning) or the warm-started frozen base (LoRA after a warm start); with
+        ``rollout.staleness``, the in-flight batches too (`ais_jax.training.stale`)."""
+        base = (state, self.r.lora.base) if self.keep_base else (
+            (state, ref) if self.use_ref else state)
+        if self.stale is None or not self.stale.queue:
+            return base
+        return {"train": base, "inflight": self.stale.payload()}
+
+    def target(self, meta: dict[str, Any]) -> Any:
+        """The restore target of a checkpoint with metadata ``meta``: the payload's structure,
+        with the in-flight batches the checkpoint lists."""
+        from ais_jax.training import stale
+
+        base = self.payload(self.r.state, self.r.state.params)  # no batches in flight yet
+        return stale.restore_target(base, meta, self.cfg, self.r.fns.batch_sharding)
 
     def model_params(self, params: Any) -> Any:
         """The model's params of the state's (LoRA: the adapters merged into the base)."""
@@ -114,10 +126,14 @@ class _Job:
         from ais_jax.run import checkpoint as ckpt
 
         with self.stop.saving():  # a second signal waits for the save and its checksums
+            meta = {"eval_before": self.eval_before, "prompt_bucket": self.r.prompt_bucket,
+                    "config": self.config}
+            if self.stale is not None:
+                from ais_jax.training.stale import META_KEY
+
+                meta[META_KEY] = self.stale.metadata()
             return ckpt.save(self.manager, step, self.payload(self.state, self.ref_params),
-                             {"eval_before": self.eval_before, "prompt_bucket":
-                              self.r.prompt_bucket, "config": self.config},
-                             keep=self.cfg.checkpoint.keep, protect=self.protect)
+                             meta, keep=self.cfg.checkpoint.keep, protect=self.protect)
 
 
 def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrite: bool,
@@ -170,7 +186,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
         params = job.model_params(job.state.params)
         final_params = to_host(params) if jax.process_count() > 1 or r.is_llada else params
         adapters = None if r.lora is None else to_host(job.state.params)
-        multihost.decide(lambda: _finish(cfg, r, final_params, job.eval_before, eval_after,
+        multihost.decide(lambda: final.finish(cfg, r, final_params, job.eval_before, eval_after,
                                          compiles, final_step, adapters))
         if stop.signum:
             print(f"received {signal.Signals(stop.signum).name} after the last step: the results "
@@ -189,8 +205,10 @@ def _start(job: _Job, resume: bool, evaluate: Any) -> int | None:
     r, cfg = job.r, job.cfg
     if resume:
         start, restored, meta = runguard.restore_latest(
-            ckpt, job.manager, cfg.out_dir, job.payload(r.state, r.state.params), job.is_main,
+            ckpt, job.manager, cfg.out_dir, job.target, job.is_main,
             cfg.checkpoint.allow_unverified)
+        if isinstance(restored, dict):  # rollout.staleness: the batches in flight at the save
+            restored, job.inflight = restored["train"], tuple(restored["inflight"])
         runguard.check_resume_config(meta, cfg, start, cfg.out_dir)
         if job.keep_base:
             job.state, base = restored
@@ -225,6 +243,8 @@ def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any
     root = jax.random.key(cfg.seed)
     if cfg.train.rng_stream:  # another key stream: same problems, warm start and evaluation
         root = jax.random.fold_in(root, 1_000_000 + cfg.train.rng_stream)
+    if cfg.rollout.staleness:
+        _start_stale(job, rl_step, root, start)
     bar = _progress_fn("grpo", cfg.log.progress and job.is_main, initial=start, total=steps)
     loop = bar(range(start, steps)) if bar else range(start, steps)
     profiler = runtime.StepProfiler(cfg.runtime, start, job.is_main, jax.process_index(),
@@ -235,8 +255,11 @@ def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any
             problems = r.train_problems(0, step, cfg.rollout.prompts_per_step)
             rows: list[dict[str, Any]] = []
             on_samples = samples_hook(cfg.log, step + 1, rows)
-            job.state, rec = rl_step(job.state, problems, jax.random.fold_in(root, step),
-                                     on_samples)
+            if job.stale is not None:  # learn from the batch sampled k steps ago
+                job.state, rec = job.stale.step(job.state, step, on_samples)
+            else:
+                job.state, rec = rl_step(job.state, problems, jax.random.fold_in(root, step),
+                                         on_samples)
             record = {"step": step + 1, **rec, "step_time_s": time.perf_counter() - t0}
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < steps:
                 ev = evaluate(job.model_params(job.state.params))
@@ -258,6 +281,21 @@ def _grpo_loop(job: _Job, start: int, evaluate: Any, history: list[dict[str, Any
                     f"stopped by {signal.Signals(signum).name} after step {step + 1}; checkpoint "
                     f"saved in {job.manager.directory}/{step + 1}; rerun the same command to "
                     "resume"))
+
+
+def _start_stale(job: _Job, rl_step: Any, root: Any, start: int) -> None:
+    """Put the first ``rollout.staleness`` batches in flight (`ais_jax.training.stale`)."""
+    import jax
+
+    from ais_jax.training.stale import StaleRollouts
+
+    cfg, k = job.cfg, job.cfg.rollout.staleness
+    job.stale = StaleRollouts(
+        rl_step, lambda s: job.r.train_problems(0, s, cfg.rollout.prompts_per_step),
+        lambda s: jax.random.fold_in(root, s), cfg.train.steps, k)
+    message = job.stale.fill(job.state.params, start, job.inflight)
+    if job.is_main and message:
+        print(message, flush=True)
 
 
 def _already_done(cfg: Any, last: int, meta: dict[str, Any], metrics_path: str) -> RunResult:
@@ -301,7 +339,7 @@ def _before_grpo(job: _Job, evaluate: Any) -> tuple[Any, dict]:
     if stop.agreed():
         _stopped_before_grpo(stop.signum or 0, "during the evaluation before GRPO")
     if job.is_main:
-        print(f"held-out accuracy before GRPO: {_fmt_eval(eval_before)} "
+        print(f"held-out accuracy before GRPO: {final.fmt_eval(eval_before)} "
               f"(n={eval_before['n']})", flush=True)
     return state, eval_before
 
@@ -337,56 +375,6 @@ def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
     if hasattr(bar, "set_postfix"):
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", alpha=f"{record['alpha']:.2f}",
                         d=f"{record['d_bar']:.3f}")
-
-
-def _finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
-            compiles: dict[str, int], step: int, adapters: Any = None) -> None:
-    """Export the final policy (HF directory + tokenizer; with LoRA the merged model and the
-    adapters in PEFT's format under ``adapter/``) atomically, then write summary.json
-    (naming ``step``), then print the result (`ais_jax.run.results`).
-
-    Process 0 only: joins no collective (``params`` and ``adapters`` are host arrays with
-    several processes, gathered by all of them before)."""
-    from ais_jax.models.pretrained import save_pretrained
-
-    def save(directory: str) -> None:
-        if r.is_llada:  # params: host arrays already (gathered by every process)
-            from ais_jax.models.llada.checkpoint import save as save_llada
-
-            save_llada(directory, params, r.model_cfg)
-        else:
-            save_pretrained(params, r.model_cfg, directory)
-        if adapters is not None:
-            from ais_jax.models.base_digest import source_digest, write_adapter_base
-            from ais_jax.models.peft_io import save_peft_adapter
-
-            adapter_dir = os.path.join(directory, results.ADAPTER_DIR)
-            save_peft_adapter(adapters, r.lora.cfg, r.model_cfg, adapter_dir,
-                              base_model_name_or_path=cfg.model.source)
-            write_adapter_base(adapter_dir, source_digest(cfg.model.source))
-        tok = r.codec.tokenizer
-        if hasattr(tok, "save"):
-            tok.save(directory)
-        elif hasattr(tok, "save_pretrained"):
-            tok.save_pretrained(directory)
-
-    final = results.export_final(cfg.out_dir, save)
-    summary = {"step": step, "eval_before": eval_before, "eval_after": eval_after,
-               "compiles": compiles, "steps": cfg.train.steps}
-    with contextlib.suppress(OSError, ValueError), open(
-            os.path.join(cfg.out_dir, "warm_start.json")) as f:
-        summary["warm_start"] = json.load(f)  # written by _before_grpo, kept across resumes
-    results.write_json_atomic(os.path.join(cfg.out_dir, results.SUMMARY), summary)
-    print(f"held-out accuracy after GRPO: {_fmt_eval(eval_after)} (before: "
-          f"{_fmt_eval(eval_before)}); policy exported to {final}", flush=True)
-
-
-def _fmt_eval(ev: dict[str, Any]) -> str:
-    """``"greedy 0.715"`` or ``"greedy 0.715, sampled 0.642"``."""
-    out = f"greedy {ev['accuracy']:.3f}"
-    if "sampled_accuracy" in ev:
-        out += f", sampled {ev['sampled_accuracy']:.3f}"
-    return out
 
 
 def _progress_fn(desc: str, enabled: bool, **kw: Any) -> Any:

@@ -284,6 +284,8 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
                    allow_unverified: bool = False) -> tuple[int, Any, dict[str, Any]]:
     """Restore the newest checkpoint that restores into ``target`` (and, unless
     ``allow_unverified``, has its checksum file: `ais_jax.run.integrity.check_verifiable`).
+    ``target`` may be ``target(metadata)``: the structure then follows each checkpoint's
+    metadata (the in-flight batches of ``rollout.staleness``).
 
     Newer steps that fail are reported in one line and, once an older step
     has restored, moved (by the main process) to
@@ -306,7 +308,7 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
             meta = ckpt.read_metadata(manager, step)
             integrity.check_verifiable(os.path.join(os.fspath(manager.directory), str(step)),
                                        allow_unverified)
-            state = ckpt.restore(manager, step, target)
+            state = ckpt.restore(manager, step, target(meta) if callable(target) else target)
         except CheckpointError as e:
             error = _reason(e)
         # With several processes a step restores only if it restores on every one of them.

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -77,7 +77,36 @@ def grow_prompt_bucket(run: Run, longest: int) -> int:
     return run.prompt_bucket
 
 
-RLStep = Callable[..., tuple[TrainState, dict[str, float]]]
+class Pending(NamedTuple):
+    """A dispatched rollout, not yet learned from (`RLStep.sample`)."""
+
+    problems: list[Any]  # the Pn problems of the step it is for
+    batch: Any  # trainer.RolloutBatch (LLaDA: its own batch) of device arrays, maybe in flight
+    t_start: float  # clock at the prompt encoding (0 without log.timing)
+    t_rollout: float  # clock at the rollout's dispatch
+    ahead: bool  # sampled for a later step (rollout.staleness >= 1)
+
+
+class RLStep:
+    """The run's RL step, and its two halves for pipelined sampling (``rollout.staleness``).
+
+    ``rl_step(state, problems, key, on_samples)`` samples with ``state.params`` and learns
+    from that batch at once (the synchronous step).  ``sample(params, problems, key)``
+    dispatches a rollout and returns a `Pending` batch; ``learn(state, pending, key,
+    on_samples)`` scores it and updates.  With staleness ``k`` the loop samples step
+    ``t + k``'s batch with the params of step ``t`` and then learns step ``t``'s.
+    """
+
+    def __init__(self, sample: Callable[..., Pending],
+                 learn: Callable[..., tuple[TrainState, dict[str, float]]]) -> None:
+        self.sample, self.learn = sample, learn
+
+    def __call__(self, state: TrainState, problems: Sequence[Any], key: jax.Array,
+                 on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
+        """Sample G completions for each of ``problems`` with ``state.params``, score them,
+        update ``state``; see ``learn`` for the arguments and the record."""
+        return self.learn(state, self.sample(state.params, problems, key), key, on_samples)
+
 # on_samples(prompts, completions, rewards [n], ratio_stats, rows [n]): the step's rows this
 # process scored (all B with one process; `ais_jax.training.placement.owned_rows`), on the host
 OnSamples = Callable[[list[str], list[str], np.ndarray, dict[str, np.ndarray], np.ndarray],
@@ -118,30 +147,49 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
             mine, error = None, " ".join(str(e).split()) or type(e).__name__
         return combine_rows(mine, rows, total, width, error)
 
-    def rl_step(state: TrainState, problems: Sequence[Any], key: jax.Array,
-                on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
-        """Sample G completions for each of ``problems``, score them, update ``state``.
+    def sample(params: Any, problems: Sequence[Any], key: jax.Array,
+               ahead: bool = False) -> Pending:
+        """Dispatch the rollout of ``problems`` with ``params`` (returns before it runs).
 
         Args:
-          state: the train state (donated to the update).
-          problems: ``Pn`` task problems (``rollout.prompts_per_step``).
-          key: this step's PRNG key (split into rollout and update keys).
-          on_samples: called with this step's prompts, completions, rewards and
-            `ais_jax.method.corrections.ratio_stats` (an extra logp_old forward when the
-            update does not need one); None: nothing extra.
+          params: the policy to sample from (a stale copy with ``rollout.staleness``).
+          problems: ``Pn`` task problems of the step the batch is for.
+          key: that step's PRNG key (its rollout half is used).
+          ahead: sampled for a later step (``rollout.staleness``): that step's timing then
+            starts when it is learned from.
+        """
+        t_start = clock()
+        rkey, _ = jax.random.split(key)
+        seqs = [codec.encode_prompt(p) for p in problems]
+        grow_prompt_bucket(run, max(len(s) for s in seqs))
+        pt, pm = codec.pad(seqs, run.prompt_bucket)
+        t_rollout = clock()
+        batch = fns.rollout(params, to_global(pt, sh), to_global(pm, sh), rkey)
+        return Pending(list(problems), batch, t_start, t_rollout, ahead)
+
+    def learn(state: TrainState, pending: Pending, key: jax.Array,
+              on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
+        """Score ``pending``'s completions and update ``state`` with them.
+
+        Args:
+          state: the train state (donated to the update); its params are the proximal
+            policy (``logp_old``), whatever policy sampled the batch.
+          pending: the step's dispatched rollout (`sample`).
+          key: this step's PRNG key (its update half is used).
+          on_samples: called with this step's prompts, completions, rewards,
+            `ais_jax.method.corrections.ratio_stats` and row numbers (an extra logp_old
+            forward when the update does not need one); None: nothing extra.
 
         Returns:
           ``(new_state, record)``: ``record`` maps metric names to floats (with
           ``log.timing``, `ais_jax.training.flops.TIMING_KEYS` too: see the module
           docstring for what each interval holds).
         """
-        t_start = clock()
-        rkey, ukey = jax.random.split(key)
-        seqs = [codec.encode_prompt(p) for p in problems]
-        grow_prompt_bucket(run, max(len(s) for s in seqs))
-        pt, pm = codec.pad(seqs, run.prompt_bucket)
-        t_rollout = clock()
-        batch = fns.rollout(state.params, to_global(pt, sh), to_global(pm, sh), rkey)
+        problems, batch = pending.problems, pending.batch
+        t_start, t_rollout = pending.t_start, pending.t_rollout
+        if pending.ahead:
+            t_start = t_rollout = clock()
+        _, ukey = jax.random.split(key)
         # Dispatched now, so the trainer's logp_old forward runs while the host
         # decodes and verifies (unless the update takes it from its own forward).
         need = fns.score_for_update or on_samples is not None
@@ -173,7 +221,8 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         record.update({k: float(v) for k, v in jax.device_get(met).items()})
         if timing:
             times = StepTimes(t_start, t_rollout, t_tokens, t_update, time.perf_counter())
-            flops = grpo_step_flops(cfg, run.model_cfg, pt.shape[1], int(scores[:, 2].max()),
+            flops = grpo_step_flops(cfg, run.model_cfg, batch.prompt_tokens.shape[1],
+                                    int(scores[:, 2].max()),
                                     kl=kl, score_separately=fns.score_for_update)
             record.update(perf_record(times, float(scores[:, 2].sum(dtype=np.float64)), flops,
                                       device, num_devices))
@@ -181,7 +230,7 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
                        for j, r in enumerate(run.rewards)})
         return state, record
 
-    return rl_step
+    return RLStep(sample, learn)
 
 
 def _no_clock() -> float:
