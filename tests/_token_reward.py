@@ -22,3 +22,17 @@ def fails_on_process_1(completion: str, prompt: str, row: dict) -> float:
     if os.environ.get("AIS_JAX_PROCESS_ID") == "1":
         raise ValueError("this host cannot score")
     return digit_share(completion, prompt, row)
+
+
+def dies_on_process_1(completion: str, prompt: str, row: dict) -> float:
+    """SIGKILLs the second process of a multi-process run at its first call of step 2 (a host
+    that dies mid-run: no Python cleanup, no message)."""
+    import signal
+
+    CALLS[0] += 1
+    if os.environ.get("AIS_JAX_PROCESS_ID") == "1" and CALLS[0] > int(os.environ["AIS_JAX_ROWS"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return digit_share(completion, prompt, row)
+
+
+CALLS = [0]

@@ -41,3 +41,24 @@ def test_a_reward_that_fails_on_one_process_stops_both(tmp_path):
         lines.append(errs[0])
     assert lines[0] == lines[1], lines
     assert "process 1: " in lines[0] and "this host cannot score" in lines[0], lines[0]
+
+
+def test_a_process_killed_mid_run_stops_the_survivor_with_one_line(tmp_path, monkeypatch):
+    # Process 1 is SIGKILLed while scoring step 2 (after checkpoint 1): process 0 waits for
+    # its rows in the all-gather, and must end at once with one line, not hang or abort with
+    # a long log; the rerun resumes from checkpoint 1 on both processes.
+    monkeypatch.setenv("AIS_JAX_ROWS", "4")  # process 1's rows of one step (FOUR: 8 rows)
+    d = tmp_path / "run"
+    fn = REWARD_FN.replace(":digit_share", ":dies_on_process_1")
+    out, _ = _pair([d, d], *FOUR, f"reward.functions.f={fn}", timeout=240)
+    assert out[1][0] == -9, out[1][2][-2000:]  # SIGKILL
+    rc, _, err = out[0]
+    errs = _error_lines(err)
+    assert rc == 1 and "Traceback" not in err and len(errs) == 1, err[-3000:]
+    assert "another process of this 2-process run died" in errs[0], errs[0]
+    assert (d / "checkpoints" / "1").is_dir()
+    monkeypatch.setenv("AIS_JAX_ROWS", "1000000")  # no death this time
+    out, _ = _pair([d, d], *FOUR, f"reward.functions.f={fn}", timeout=240)
+    for i, (rc, _, err) in enumerate(out):
+        assert rc == 0, (i, err[-3000:])
+    assert "resumed from step 1" in out[0][1], out[0][1]
