@@ -153,3 +153,23 @@ def test_impossible_staleness_is_refused_with_one_line(extra, message, tmp_path)
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)")):
         load_config(path, [f"out_dir={tmp_path}", "train.steps=4", *extra])
+
+
+def test_split_mismatch_separates_quantization_from_staleness(tmp_path):
+    cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path / 'run'}", *ARGS,
+                                            "train.steps=3", "rollout.staleness=1",
+                                            "log.split_mismatch=true"])
+    cli.run(cfg)
+    run = _metrics(tmp_path / "run")
+    keys = ("mismatch/quant_d_bar", "mismatch/quant_ess", "mismatch/stale_d_bar",
+            "mismatch/stale_ess")
+    assert all(set(keys) <= set(r) for r in run), run[0].keys()
+    # Step 1 learns from a batch the current params sampled: no staleness at all, and the
+    # quantization part is the whole mismatch the update measured.
+    assert run[0]["mismatch/stale_d_bar"] == 0.0 and run[0]["mismatch/stale_ess"] == 1.0
+    np.testing.assert_allclose(run[0]["mismatch/quant_d_bar"], run[0]["d_bar"], rtol=1e-5)
+    for r in run[1:]:  # the params moved: a stale part, and |a - c| <= |a - b| + |b - c|
+        assert r["mismatch/stale_d_bar"] > 0 and r["mismatch/stale_ess"] < 1.0, r
+        assert r["d_bar"] <= r["mismatch/quant_d_bar"] + r["mismatch/stale_d_bar"] + 1e-6, r
+    with pytest.raises(UsageError, match=r"with rollout\.staleness=0 there is no staleness"):
+        load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path}", "log.split_mismatch=true"])

@@ -182,6 +182,10 @@ def _validate_rest(cfg: Config) -> None:
         0.0 <= s.mistake_rate < 1.0, f"sft.mistake_rate must be in [0, 1), got {s.mistake_rate}"
     )
     _require(s.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {s.warmup_steps}")
+    _require(not cfg.log.split_mismatch or cfg.rollout.staleness >= 1,
+             "log.split_mismatch=true splits the mismatch into quantization and staleness; "
+             "with rollout.staleness=0 there is no staleness: set rollout.staleness >= 1 or "
+             "log.split_mismatch=false")
     _validate_sft_criterion(s)
     _require(
         cfg.eval.every >= 0,

@@ -266,6 +266,11 @@ class LogSection:
     # log where each RL step's time goes: timing_s/rollout, timing_s/host, timing_s/update,
     # perf/tokens_per_s, perf/*_flops_per_s and perf/mfu (docs/performance.md); no extra sync
     timing: bool = True
+    # with rollout.staleness >= 1: one extra trainer forward with the sampler's (stale) params
+    # splits the mismatch into its quantization part and its staleness part, logged as
+    # mismatch/{quant,stale}_{d_bar,ess} (docs/spec.md section 9); keeps a params copy per
+    # batch in flight
+    split_mismatch: bool = False
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ais_jax.core.errors import UsageError
+from ais_jax.method.ais import ais_coefficient
 from ais_jax.method.corrections import ratio_stats
 from ais_jax.rollout.sampler import bucket_length
 from ais_jax.tasks import RewardConfig, score_batch
@@ -85,6 +87,7 @@ class Pending(NamedTuple):
     t_start: float  # clock at the prompt encoding (0 without log.timing)
     t_rollout: float  # clock at the rollout's dispatch
     ahead: bool  # sampled for a later step (rollout.staleness >= 1)
+    params: Any = None  # a copy of the sampler's params (log.split_mismatch), else None
 
 
 class RLStep:
@@ -127,6 +130,19 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
     device, num_devices = (jax.devices()[0], jax.device_count()) if timing else (None, 0)
 
     width = 3 + len(run.rewards)
+    split = cfg.log.split_mismatch
+
+    @jax.jit
+    def split_stats(logp_cur: jax.Array, logp_stale: jax.Array, logp_rollout: jax.Array,
+                    mask: jax.Array) -> dict[str, jax.Array]:
+        """d_bar and ESS of the two parts of the mismatch (docs/spec.md section 9): the
+        quantization part (the sampler's params in BF16 vs its FP8 copy) and the staleness
+        part (the current params vs the sampler's, both BF16); all ``[B, N]``."""
+        zero = jnp.zeros_like(logp_rollout)
+        q = ais_coefficient(logp_stale, logp_rollout, zero, mask, C=cfg.ais.C, mode="none")
+        s = ais_coefficient(logp_cur, logp_stale, zero, mask, C=cfg.ais.C, mode="none")
+        return {"mismatch/quant_d_bar": q.d_bar, "mismatch/quant_ess": q.ess_ratio,
+                "mismatch/stale_d_bar": s.d_bar, "mismatch/stale_ess": s.ess_ratio}
 
     def score_rows(texts: list[str], flat: list[Any], lengths: np.ndarray, rows: np.ndarray,
                    total: int) -> np.ndarray:
@@ -165,7 +181,8 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         pt, pm = codec.pad(seqs, run.prompt_bucket)
         t_rollout = clock()
         batch = fns.rollout(params, to_global(pt, sh), to_global(pm, sh), rkey)
-        return Pending(list(problems), batch, t_start, t_rollout, ahead)
+        kept = jax.tree.map(jnp.copy, params) if split and ahead else None  # update donates
+        return Pending(list(problems), batch, t_start, t_rollout, ahead, kept)
 
     def learn(state: TrainState, pending: Pending, key: jax.Array,
               on_samples: OnSamples | None = None) -> tuple[TrainState, dict[str, float]]:
@@ -192,8 +209,12 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         _, ukey = jax.random.split(key)
         # Dispatched now, so the trainer's logp_old forward runs while the host
         # decodes and verifies (unless the update takes it from its own forward).
-        need = fns.score_for_update or on_samples is not None
+        split_now = pending.params is not None
+        need = fns.score_for_update or on_samples is not None or split_now
         logp_old = fns.score(state.params, batch) if need else None
+        # log.split_mismatch: the trainer's forward with the sampler's own (stale) params
+        split_met = split_stats(logp_old, fns.score(pending.params, batch), batch.logp,
+                                batch.mask) if split_now else {}
         rows = owned_rows(batch.tokens)  # this process's rows (all of them with one process)
         toks, msk = rows_to_host(batch.tokens, rows), rows_to_host(batch.mask, rows)
         t_tokens = clock()
@@ -218,7 +239,7 @@ def make_rl_step(run: Run, ref_params: Any = None) -> RLStep:
         state, met = fns.update(state, batch, rewards_g, ukey, ref_params,
                                 logp_old if fns.score_for_update else None)
         record = {"accuracy": float(np.mean(correct))}
-        record.update({k: float(v) for k, v in jax.device_get(met).items()})
+        record.update({k: float(v) for k, v in jax.device_get({**met, **split_met}).items()})
         if timing:
             times = StepTimes(t_start, t_rollout, t_tokens, t_update, time.perf_counter())
             flops = grpo_step_flops(cfg, run.model_cfg, batch.prompt_tokens.shape[1],
