@@ -131,6 +131,7 @@ def test_two_processes_with_gradients_and_a_resume_match_one_process(tmp_path, m
     scored.mkdir()
     monkeypatch.setenv("AIS_JAX_SCORED_DIR", str(scored))
     args = [*TINY_RUN, "train.learning_rate=0.003", "checkpoint.every=1", "mesh.fsdp=4",
+            "eval.num_samples=2",  # the held-out evaluation samples too (each process its rows)
             f"reward.functions.d={REWARD_FN.replace(':digit_share', ':counted_digit_share')}"]
     one = subprocess.run(
         [sys.executable, "-m", "ais_jax.train", f"out_dir={tmp_path / 'one'}", *args,
@@ -159,6 +160,10 @@ def test_two_processes_with_gradients_and_a_resume_match_one_process(tmp_path, m
         for k in set(ra) - TIMING:
             np.testing.assert_allclose(rb[k], ra[k], rtol=1e-4, atol=1e-6,
                                        err_msg=f"step {ra['step']} {k}")
+    # The held-out evaluations (each process verifies its own rows) equal the 1-process ones.
+    sa, sb = (json.loads((p / "summary.json").read_text()) for p in (tmp_path / "one", d))
+    assert sa["eval_after"]["pass@2"] >= 0 and "sampled_accuracy" in sa["eval_before"], sa
+    assert (sa["eval_before"], sa["eval_after"]) == (sb["eval_before"], sb["eval_after"])
     from safetensors.numpy import load_file
 
     wa = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))

@@ -4,7 +4,8 @@
 (``accuracy``), the mean greedy response length in tokens (``response_len``,
 EOS included) and, with ``eval.num_samples = k > 1``, the sampled accuracy
 (mean over k samples at the rollout's temperature / top-k / top-p) and
-``pass@k``.  Each completion is verified once (by `tasks.evaluate`).
+``pass@k``.  Each completion is verified once (by `tasks.evaluate`; with several
+processes by `ais_jax.training.evaluation_rows`, on the process whose devices sampled it).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ def make_evaluator(run: Run, problems: Sequence[Any] | None = None,
                           pow2_max=0)
 
     def evaluate(params: Any) -> dict[str, float]:
+        if jax.process_count() > 1:  # each process verifies the rows it sampled
+            from ais_jax.training.evaluation_rows import evaluate_rows
+
+            return evaluate_rows(run, params, probs, greedy_fn, sampled_fn, k, batch)
         policy = SamplerPolicy(run, params, greedy_fn, sampled_fn, batch)
         res = evaluate_policy(policy, run.task, probs, k=max(k, 1),
                               num_samples=k if k > 1 else 0, prompt_fn=run.codec.prompt_text,
