@@ -213,6 +213,7 @@ def figure_by_seed(path: str, title: str, ylabel: str, prefixes: Sequence[str], 
 
 def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     """Write ``results`` (markdown) and the PNGs in ``figures`` from the logs."""
+    import async_staleness
     import long_arms
     import replication
     import smollm2_fp4
@@ -282,6 +283,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         *replication.render(),
         *smollm2_mechanism.render(),
         *smollm2_fp4.render(),
+        *async_staleness.render(),
         "## The short-response setting (the embedded default)",
         "",
         "### Setting",
