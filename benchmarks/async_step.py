@@ -11,8 +11,10 @@ over the timed steps of all rounds.
   step ``t + k``'s rollout, then learn from step ``t``'s batch, sampled earlier: the host's
   decoding and verification of step ``t`` run while the device samples step ``t + k``.
 
-Shared devices only (the trainer's devices sample too); split rollout / trainer device
-groups (``mesh.rollout_devices``, issue 40 item 2) are not built yet.  Per arm it prints
+``--split R`` adds a third arm, ``async k`` with ``mesh.rollout_devices=R``: the sampler on
+R devices of its own (`ais_jax.training.split_rollout`), so that the rollout of step t + k
+and the update of step t run at the same time; on a CPU, ``JAX_NUM_CPU_DEVICES=2`` gives the
+trainer one device and the sampler the other.  Per arm it prints
 steps per second and the medians of the step's ``timing_s/*`` intervals
 (`ais_jax.training.flops`: ``rollout`` is the time the host waited for the tokens, ``host``
 the prompt encoding, decoding and verification, ``update`` from the update's dispatch to its
@@ -26,6 +28,7 @@ behind the next rollout.
 
     python benchmarks/async_step.py [--k 1] [--steps 6 --rounds 2 --warmup 2]
         [--host-delay 0.15] [--set KEY=V ...]
+    JAX_NUM_CPU_DEVICES=2 python benchmarks/async_step.py --split 1
 
 On a GPU or TPU: the same command (one process, the accelerator's devices shared).
 """
@@ -108,17 +111,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps per arm")
     ap.add_argument("--host-delay", type=float, default=0.0,
                     help="seconds of host work per batch added by a sleeping user reward")
+    ap.add_argument("--split", type=int, default=0,
+                    help="add an async arm with mesh.rollout_devices=N (needs N more devices)")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides KEY=VALUE")
     a = ap.parse_args(argv)
     if a.host_delay > 0:
         a.set = [*a.set, _slow_reward(a.host_delay)]
     total = a.warmup + a.steps * a.rounds + a.k + 1
     arms = [Arm("sync", 0, a.set, total), Arm(f"async k={a.k}", a.k, a.set, total)]
+    if a.split:
+        arms.append(Arm(f"async k={a.k} split", a.k,
+                        [*a.set, f"mesh.rollout_devices={a.split}"], total))
     for arm in arms:
         for _ in range(a.warmup):
             arm.step(timed=False)
     for rnd in range(a.rounds):
-        for arm in arms[rnd % 2:] + arms[:rnd % 2]:
+        for arm in arms[rnd % len(arms):] + arms[:rnd % len(arms)]:
             for _ in range(a.steps):
                 arm.step(timed=True)
     cfg = arms[0].cfg
@@ -133,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         parts = ", ".join(f"{k.split('/')[1]} {statistics.median(v):.3f} s"
                           for k, v in arm.parts.items())
         print(f"{arm.name:>10}: {1.0 / med:.3f} steps/s (median step {med:.3f} s; {parts})")
-    ratio = rate[arms[1].name] / rate[arms[0].name]
-    print(f"async / sync steps per second: {ratio:.2f}x")
+    for arm in arms[1:]:
+        print(f"{arm.name} / sync steps per second: {rate[arm.name] / rate[arms[0].name]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -182,6 +182,15 @@ def _validate_rest(cfg: Config) -> None:
         0.0 <= s.mistake_rate < 1.0, f"sft.mistake_rate must be in [0, 1), got {s.mistake_rate}"
     )
     _require(s.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {s.warmup_steps}")
+    ro = cfg.mesh.rollout_devices
+    _require(not isinstance(ro, bool) and ro >= 0,
+             f"mesh.rollout_devices must be >= 0 (0 = the trainer's devices), got {clip(ro)}")
+    _require(not ro or cfg.rollout.prompts_per_step % ro == 0,
+             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of "
+             f"mesh.rollout_devices={ro} (each rollout device samples its share of the prompts)")
+    _require(not ro or (cfg.lora.rank == 0 and cfg.model.kind != "llada"),
+             "mesh.rollout_devices > 0 does not support LoRA or a LLaDA policy yet; set "
+             "mesh.rollout_devices=0")
     _require(not cfg.log.split_mismatch or cfg.rollout.staleness >= 1,
              "log.split_mismatch=true splits the mismatch into quantization and staleness; "
              "with rollout.staleness=0 there is no staleness: set rollout.staleness >= 1 or "
@@ -276,6 +285,8 @@ def check_diffusion(cfg: Config) -> None:
              "rollout.fused_linears=false")
     _require(r.staleness == 0, "asynchronous rollouts (rollout.staleness > 0) do not support "
              "a LLaDA policy yet; set rollout.staleness=0")
+    _require(cfg.mesh.rollout_devices == 0, "mesh.rollout_devices > 0 does not support a LLaDA "
+             "policy yet; set mesh.rollout_devices=0")
 
 
 # The parameter table's block linears, the LoRA targets (`ais_jax.models.lora.TARGETS`; the

@@ -236,6 +236,10 @@ class MeshSection:
     data: int = 1  # data-parallel axis size
     fsdp: int = 1  # fully-sharded data-parallel axis size (shards params and optimizer state)
     tensor: int = 1  # tensor-parallel axis size
+    # devices of the sampler's own (after the trainer's data x fsdp x tensor): the rollout
+    # copy is quantized on the trainer, sent over and sampled there, so with
+    # rollout.staleness >= 1 sampling and training run at the same time; 0 = shared devices
+    rollout_devices: int = 0
 
 
 @dataclass(frozen=True)
