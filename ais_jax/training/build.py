@@ -149,16 +149,11 @@ def build_mesh(cfg: Config) -> Mesh:
             f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} needs "
             f"{m.data * m.fsdp * m.tensor} devices but only {n_dev} are visible; lower the mesh "
             "sizes (on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
-    if m.rollout_devices and m.data * m.fsdp * m.tensor + m.rollout_devices > n_dev:
-        raise UsageError(
-            f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} plus mesh.rollout_devices="
-            f"{m.rollout_devices} needs {m.data * m.fsdp * m.tensor + m.rollout_devices} devices "
-            f"but only {n_dev} are visible; lower them (on CPU, JAX_NUM_CPU_DEVICES=N simulates "
-            "N devices)")
+    if m.rollout_devices:
+        from ais_jax.training.split_rollout import check_devices
+
+        check_devices(cfg)
     n_mesh, n_proc = m.data * m.fsdp * m.tensor, jax.process_count()
-    if m.rollout_devices and n_proc > 1:
-        raise UsageError(f"mesh.rollout_devices={m.rollout_devices} runs in one process only so "
-                         f"far (this run has {n_proc}); set mesh.rollout_devices=0")
     if n_proc > 1 and n_mesh != n_dev:
         # a process without a device in the mesh holds no shard of anything: it cannot take
         # part in placing or gathering arrays (make_array_from_callback, process_allgather)

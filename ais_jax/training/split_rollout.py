@@ -30,6 +30,23 @@ from ais_jax.training import sharding as shd
 from ais_jax.training.trainer import RolloutBatch
 
 
+def check_devices(cfg: Config) -> None:
+    """One line (`UsageError`) when the trainer's mesh plus ``mesh.rollout_devices`` needs
+    more devices than are visible, or the run has several processes (not supported yet)."""
+    from ais_jax.core.errors import UsageError
+
+    m, n_dev, n_proc = cfg.mesh, len(jax.devices()), jax.process_count()
+    need = m.data * m.fsdp * m.tensor + m.rollout_devices
+    if need > n_dev:
+        raise UsageError(
+            f"mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} plus mesh.rollout_devices="
+            f"{m.rollout_devices} needs {need} devices but only {n_dev} are visible; lower them "
+            "(on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
+    if n_proc > 1:
+        raise UsageError(f"mesh.rollout_devices={m.rollout_devices} runs in one process only so "
+                         f"far (this run has {n_proc}); set mesh.rollout_devices=0")
+
+
 def rollout_mesh(cfg: Config, trainer_devices: int) -> Mesh | None:
     """The rollout mesh: devices ``trainer_devices .. trainer_devices + R - 1`` as
     ``(data=R, fsdp=1, tensor=1)``; None when ``mesh.rollout_devices`` is 0."""
