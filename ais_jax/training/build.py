@@ -22,7 +22,7 @@ from ais_jax.core.errors import UsageError
 from ais_jax.models.model import ModelConfig, init_params
 from ais_jax.rollout.codec import PromptCodec, problem_location, problem_where
 from ais_jax.rollout.sampler import bucket_length
-from ais_jax.training import optim, startup
+from ais_jax.training import optim, split_rollout, startup
 from ais_jax.training import sharding as shd
 from ais_jax.training import steps as st
 
@@ -150,9 +150,7 @@ def build_mesh(cfg: Config) -> Mesh:
             f"{m.data * m.fsdp * m.tensor} devices but only {n_dev} are visible; lower the mesh "
             "sizes (on CPU, JAX_NUM_CPU_DEVICES=N simulates N devices)")
     if m.rollout_devices:
-        from ais_jax.training.split_rollout import check_devices
-
-        check_devices(cfg)
+        split_rollout.check_devices(cfg)
     n_mesh, n_proc = m.data * m.fsdp * m.tensor, jax.process_count()
     if n_proc > 1 and n_mesh != n_dev:
         # a process without a device in the mesh holds no shard of anything: it cannot take
@@ -390,13 +388,8 @@ def build_run(cfg: Config, reward_fns: Any = None, dataset: Any = None) -> Run:
                                    ids.eos_ids, ids.pad_id, pol))
     else:
         fns = st.build_step_fns(abstract, mesh, optimizer, sft_opt, model_cfg, cfg, ids, pol)
-    if cfg.mesh.rollout_devices:  # the sampler on devices of its own (training/split_rollout)
-        from ais_jax.training.split_rollout import SplitRollout, rollout_mesh
-
-        rmesh = rollout_mesh(cfg, mesh.devices.size)
-        fns = fns._replace(rollout=SplitRollout(abstract.params, fns.state_shardings.params,
-                                                fns.batch_sharding, mesh, rmesh, model_cfg,
-                                                cfg, ids))
+    if cfg.mesh.rollout_devices:  # the sampler on devices of its own
+        fns = split_rollout.split_fns(fns, abstract.params, mesh, model_cfg, cfg, ids)
     # the optimizer state is created in its shards; the params are donated into the state
     state = startup.state_on_mesh(params, optimizer, fns.state_shardings)
     del params

@@ -119,3 +119,13 @@ class SplitRollout:
     def _cache_size(self) -> int:
         """Compilations of the sampler program (the run's compile count of ``rollout``)."""
         return self.sample._cache_size()
+
+
+def split_fns(fns: Any, params: Any, mesh: Mesh, model_cfg: ModelConfig, cfg: Config,
+              ids: Any) -> Any:
+    """``fns`` (`ais_jax.training.steps.StepFns`) with its rollout replaced by a `SplitRollout`
+    on the rollout mesh (`rollout_mesh`); ``params``: the trainer's (abstract) params."""
+    rmesh = rollout_mesh(cfg, mesh.devices.size)
+    return fns._replace(rollout=SplitRollout(params, fns.state_shardings.params,
+                                             fns.batch_sharding, mesh, rmesh, model_cfg, cfg,
+                                             ids))
