@@ -24,11 +24,11 @@ ARGS = [*TINY_RUN, "train.learning_rate=0.01", "train.steps=3", "checkpoint.ever
         "rollout.staleness=1", f"reward.functions.d={REWARD}"]
 
 
-def _run(out, *extra):
+def _run(out, *extra, code=0, env=None):
     proc = subprocess.run([sys.executable, "-m", "ais_jax.train", f"out_dir={out}", *ARGS, *extra],
                           capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, JAX_NUM_CPU_DEVICES="2"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+                          env=dict(os.environ, JAX_NUM_CPU_DEVICES="2", **(env or {})))
+    assert proc.returncode == code, proc.stderr[-3000:]
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [{k: v for k, v in json.loads(line).items()
                  if k not in {"step_time_s", *TIMING_KEYS}} for line in f if line.strip()]
@@ -40,6 +40,40 @@ def test_split_devices_equal_shared_devices(tmp_path):
     split = _run(tmp_path / "split", "mesh.rollout_devices=1")
     assert all(r["grad_norm"] > 0.01 for r in shared), shared
     assert split == shared
+
+
+# Process-wide call count of the reward: SIGTERM once step 2's 32 rows are scored (the run
+# finishes step 2, checkpoints it with its 2 batches in flight, and exits 143).
+_STOP_AFTER_STEP_2 = """
+import os, signal
+from _token_reward import digit_share
+CALLS = [0]
+
+
+def reward(completion, prompt, row):
+    CALLS[0] += 1
+    if CALLS[0] == 64 and not os.path.exists(os.environ["AIS_JAX_STOP_FLAG"]):
+        open(os.environ["AIS_JAX_STOP_FLAG"], "w").close()
+        os.kill(os.getpid(), signal.SIGTERM)
+    return digit_share(completion, prompt, row)
+"""
+
+
+@pytest.mark.slow  # three 4-step CLI runs on 2 simulated devices (~60 s on 2 cores)
+def test_split_devices_with_staleness_2_and_a_resume_equal_shared_devices(tmp_path):
+    fn = tmp_path / "stop_reward.py"
+    fn.write_text(_STOP_AFTER_STEP_2)
+    args = ("rollout.staleness=2", "train.steps=4", "checkpoint.every=2",
+            f"reward.functions.d={fn}:reward")
+    (tmp_path / "already").touch()  # the flag exists: the shared run is not stopped
+    env = {"PYTHONPATH": os.path.dirname(__file__), "AIS_JAX_STOP_FLAG": str(tmp_path / "already")}
+    shared = _run(tmp_path / "shared", *args, env=env)
+    env["AIS_JAX_STOP_FLAG"] = str(tmp_path / "stopped")
+    out = tmp_path / "split"
+    first = _run(out, *args, "mesh.rollout_devices=1", code=143, env=env)
+    assert [r["step"] for r in first] == [1, 2]
+    split = _run(out, *args, "mesh.rollout_devices=1", env=env)
+    assert split == shared and len(shared) == 4
 
 
 @pytest.mark.parametrize("extra, message", [
