@@ -110,6 +110,7 @@ class RLStep:
         update ``state``; see ``learn`` for the arguments and the record."""
         return self.learn(state, self.sample(state.params, problems, key), key, on_samples)
 
+
 # on_samples(prompts, completions, rewards [n], ratio_stats, rows [n]): the step's rows this
 # process scored (all B with one process; `ais_jax.training.placement.owned_rows`), on the host
 OnSamples = Callable[[list[str], list[str], np.ndarray, dict[str, np.ndarray], np.ndarray],
