@@ -59,12 +59,11 @@ PILOT = ("seed=99", *ARMS["k4_none"], "train.steps=20", "eval.every=0")
 def planned(seeds: Sequence[int] = SEEDS,
             arms: Sequence[str] = tuple(ARMS)) -> dict[str, tuple[str, ...]]:
     """Run names -> overrides, seed-major (the arms of a seed in `ARMS` order, then the next)."""
-    return {f"async_{arm}_s{seed}": (f"seed={seed}", *ARMS[arm])
-            for seed in seeds for arm in ARMS if arm in arms}
+    return _common().grid("async", seeds, ARMS, arms)
 
 
 def _common():
-    import common  # experiments/common.py: run_one, past, load (no import of a driver)
+    import common  # experiments/common.py (imports no driver)
 
     return common
 
@@ -73,16 +72,7 @@ def cmd_run(seeds: Sequence[int], arms: Sequence[str], scratch: str, dry_run: bo
             until: str = "") -> None:
     """Train every planned run without a log, one at a time, in order; ``until``: start none
     past this ISO date-time (`common.past`), so a session's end never cuts one off."""
-    c = _common()
-    for name, ov in planned(seeds, arms).items():
-        if os.path.exists(os.path.join(LOGS, name, "run.json")):
-            continue
-        if dry_run:
-            print(name, " ".join(ov))
-        elif c.past(until):
-            return
-        else:
-            c.run_one(name, ov, scratch, CONFIG)
+    _common().run_missing(planned(seeds, arms), scratch, CONFIG, dry_run, until, LOGS)
 
 
 def pilot(scratch: str) -> int:
@@ -106,22 +96,17 @@ def pilot(scratch: str) -> int:
 
 def loaded(logs: str = LOGS) -> dict[str, dict]:
     """Every logged run of the block: ``async_<arm>_s<seed>`` -> `common.load`'s dict."""
-    c = _common()
-    return {n: r for n in planned() if (r := c.load(n, logs)) is not None}
+    return _common().loaded_runs(list(planned()), logs)
 
 
 def diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
     """Per-seed ``arm - base`` of the held-out metric ``key`` after GRPO, seeds in order."""
-    def after(a: str, s: int) -> float:
-        return float(have[f"async_{a}_s{s}"]["summary"]["eval_after"][key])
-
-    return [after(arm, s) - after(base, s) for s in SEEDS]
+    return _common().seed_diffs(have, "async", arm, base, key, SEEDS)
 
 
 def windows(run: dict, key: str) -> list[float]:
     """Mean of the logged metric ``key`` over consecutive `WINDOW`-step windows of a run."""
-    xs = [r[key] for r in run["rows"]]
-    return [statistics.mean(xs[i:i + WINDOW]) for i in range(0, len(xs), WINDOW)]
+    return _common().window_means(run, key, WINDOW)
 
 
 def _mechanism(have: dict[str, dict]) -> list[str]:

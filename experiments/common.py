@@ -152,6 +152,55 @@ def warm_export(config: str, seed: int, dest: str, log_name: str, command: str,
     return True
 
 
+# ---------------------------------------------------------- pre-registered grids
+
+
+def grid(prefix: str, seeds: Sequence[int], table: dict[str, Sequence[str]],
+         arms: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """A block's run names -> overrides, seed-major: ``<prefix>_<arm>_s<seed>`` for each seed,
+    the arms of ``table`` that are in ``arms`` in ``table``'s order, then the next seed."""
+    return {f"{prefix}_{arm}_s{seed}": (f"seed={seed}", *table[arm])
+            for seed in seeds for arm in table if arm in arms}
+
+
+def run_missing(plan: dict[str, Sequence[str]], scratch: str, config: str, dry_run: bool,
+                until: str = "", logs: str = LOGS) -> None:
+    """Train every run of ``plan`` without a log in ``logs``, one at a time, in order;
+    ``dry_run`` prints them instead; ``until``: start none past this ISO date-time (`past`),
+    so a session's end never cuts one off."""
+    for name, ov in plan.items():
+        if os.path.exists(os.path.join(logs, name, "run.json")):
+            continue
+        if dry_run:
+            print(name, " ".join(ov))
+        elif past(until):
+            return
+        else:
+            run_one(name, ov, scratch, config)
+
+
+def loaded_runs(names: Sequence[str], logs: str = LOGS) -> dict[str, dict]:
+    """Every logged run among ``names``: name -> `load`'s dict (runs without a log left out)."""
+    return {n: r for n in names if (r := load(n, logs)) is not None}
+
+
+def seed_diffs(have: dict[str, dict], prefix: str, arm: str, base: str, key: str,
+               seeds: Sequence[int]) -> list[float]:
+    """Per-seed ``arm - base`` of the held-out metric ``key`` after GRPO (``summary.json``'s
+    ``eval_after``), seeds in order; runs are named ``<prefix>_<arm>_s<seed>``."""
+    def after(a: str, s: int) -> float:
+        return float(have[f"{prefix}_{a}_s{s}"]["summary"]["eval_after"][key])
+
+    return [after(arm, s) - after(base, s) for s in seeds]
+
+
+def window_means(run: dict, key: str, window: int) -> list[float]:
+    """Mean of the logged metric ``key`` over consecutive ``window``-step windows of a run
+    (the last window may be shorter)."""
+    xs = [r[key] for r in run["rows"]]
+    return [statistics.mean(xs[i:i + window]) for i in range(0, len(xs), window)]
+
+
 # ----------------------------------------------------------------------- logs
 
 
