@@ -33,6 +33,15 @@ _CACHE = os.environ["AIS_JAX_TEST_CACHE"]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)  # turns JAX's file lock on
 os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)
+# The suite's programs are tiny: their cost is compiling, not running.  LLVM's expensive
+# passes (loop vectorization and the like) cost ~10% of the CPU time of a compile-bound file
+# (tests/test_sampler.py: 125 vs 139 user s, two alternating runs each) and change no number:
+# the golden run and the bit-exact scanned/unrolled sampler tests pass with them off.
+# (`--xla_backend_optimization_level=1` would save more but changes bf16 results in the last
+# bits, so it is not used.)  Processes the tests start inherit the flag.
+_FLAGS = os.environ.get("XLA_FLAGS", "")
+if "--xla_llvm_disable_expensive_passes" not in _FLAGS:
+    os.environ["XLA_FLAGS"] = (_FLAGS + " --xla_llvm_disable_expensive_passes=true").strip()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
