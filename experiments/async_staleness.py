@@ -157,6 +157,13 @@ def _arms_table(have: dict[str, dict]) -> list[str]:
     return out
 
 
+def confirmatory(have: dict[str, dict]) -> list[tuple[str, list[float]]]:
+    """The pre-registered hypotheses (``"H1: a - b > 0"``, per-seed ``a - b`` of held-out
+    sampled accuracy after GRPO, seeds in `SEEDS` order), from every run of the study."""
+    return [(f"{h}: {a} - {b} > 0", diffs(have, a, b, "sampled_accuracy"))
+            for h, a, b in HYPOTHESES]
+
+
 def render(logs: str = LOGS) -> list[str]:
     """The block's results section (markdown lines) from the logs in ``logs``."""
     have = loaded(logs)
@@ -173,8 +180,7 @@ def render(logs: str = LOGS) -> list[str]:
     if len(have) < total:
         return [*out, f"{len(have)} of {total} runs logged; the analysis is made when all "
                 "exist (the pre-registration's stopping rule).", ""]
-    hyps = [(f"{h}: {a} - {b} > 0", diffs(have, a, b, "sampled_accuracy"))
-            for h, a, b in HYPOTHESES]
+    hyps = confirmatory(have)
     noise = [(label, diffs(have, "null", "k0_ais", key)) for key, label in METRICS]
     cost = [(f"{a} - k0_none", label, diffs(have, a, "k0_none", key))
             for a in ("k1_none", "k4_none") for key, label in METRICS]

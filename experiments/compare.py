@@ -218,6 +218,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     import replication
     import smollm2_fp4
     import smollm2_mechanism
+    from prereg_index import index_table
     names = runs()
     loaded = {n: load(n) for n in names}
     have = {n: r for n, r in loaded.items() if r is not None}
@@ -271,13 +272,14 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         "paper's four arms, stress runs and AIS ablations). The diffusion setting is in",
         "[results_llada.md](results_llada.md). The Reading section at the end covers both.",
         "",
-        "Every result on this page but two sections is exploratory: none of those runs was",
-        "pre-registered, and the analysis choices (formats, seeds, warm-start target) were made",
-        "while looking at the results. The pre-registered replication of the long setting on",
-        "fresh seeds 5-9",
-        "([experiments/prereg/long_replication.md](../experiments/prereg/long_replication.md))",
-        "is what tests its two hypotheses; it has a section of its own, after the first study.",
-        "The SmolLM2-135M block after it is pre-registered too, and descriptive (two seeds).",
+        "## Pre-registered studies",
+        "",
+        "Each was pre-registered in experiments/prereg/ before any of its runs; its section",
+        "has the per-seed numbers, the noise floor and the exploratory comparisons. Every",
+        "other result on this page and on results_llada.md is exploratory: not pre-registered,",
+        "with analysis choices (formats, seeds, warm-start target) made while looking.",
+        "",
+        *index_table(),
         "",
         *long_arms.render(figures),
         *replication.render(),

@@ -151,6 +151,13 @@ def _mechanism(have: dict[str, dict]) -> list[str]:
     return out
 
 
+def confirmatory(have: dict[str, dict]) -> list[tuple[str, list[float]]]:
+    """The pre-registered hypotheses (``"H1: a - b > 0"``, per-seed ``a - b`` of held-out
+    sampled accuracy after GRPO, seeds in `SEEDS` order), from every run of the study."""
+    return [(f"{h}: {a} - {b} > 0", _diffs(have, a, b, "sampled_accuracy"))
+            for h, a, b in HYPOTHESES]
+
+
 def render(logs: str = LOGS) -> list[str]:
     """The study's results section (markdown lines) from the logs in ``logs``."""
     have = loaded(logs)
@@ -168,8 +175,7 @@ def render(logs: str = LOGS) -> list[str]:
     if len(have) < total:
         return [*out, f"{len(have)} of {total} runs logged; the analysis is made when all "
                 "exist (the pre-registration's stopping rule).", ""]
-    hyps = [(f"{h}: {a} - {b} > 0", _diffs(have, a, b, "sampled_accuracy"))
-            for h, a, b in HYPOTHESES]
+    hyps = confirmatory(have)
     noise = [(label, _diffs(have, "null", "bf16", key)) for key, label in METRICS]
     explore = [(f"{h} {a} - {b}", "greedy", _diffs(have, a, b, "accuracy"))
                for h, a, b in HYPOTHESES]
