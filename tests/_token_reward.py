@@ -36,3 +36,25 @@ def dies_on_process_1(completion: str, prompt: str, row: dict) -> float:
 
 
 CALLS = [0]
+
+
+_STOP_CALLS: dict[str, int] = {}  # calls per stop flag (each test has its own flag path)
+
+
+def stops_after_step_2(completion: str, prompt: str, row: dict) -> float:
+    """`digit_share`; at this process's 64th call for the flag ``$AIS_JAX_STOP_FLAG`` (step 2's
+    rows of a 32-row-per-step run are scored), if the flag file does not exist yet, creates it
+    and SIGTERMs the process: the run finishes step 2, checkpoints it, and exits 143.  A run
+    whose flag already exists is never stopped (the resume, or a reference run).
+
+    The count is kept per flag path, not per module: the reward loader may keep this module
+    between two runs in one process, and each test uses its own flag."""
+    import signal
+
+    flag = os.environ["AIS_JAX_STOP_FLAG"]
+    _STOP_CALLS[flag] = _STOP_CALLS.get(flag, 0) + 1
+    if _STOP_CALLS[flag] == 64 and not os.path.exists(flag):
+        open(flag, "w").close()
+        os.kill(os.getpid(), signal.SIGTERM)
+    return digit_share(completion, prompt, row)
+

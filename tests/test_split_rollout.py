@@ -42,31 +42,17 @@ def test_split_devices_equal_shared_devices(tmp_path):
     assert split == shared
 
 
-# Process-wide call count of the reward: SIGTERM once step 2's 32 rows are scored (the run
-# finishes step 2, checkpoints it with its 2 batches in flight, and exits 143).
-_STOP_AFTER_STEP_2 = """
-import os, signal
-from _token_reward import digit_share
-CALLS = [0]
-
-
-def reward(completion, prompt, row):
-    CALLS[0] += 1
-    if CALLS[0] == 64 and not os.path.exists(os.environ["AIS_JAX_STOP_FLAG"]):
-        open(os.environ["AIS_JAX_STOP_FLAG"], "w").close()
-        os.kill(os.getpid(), signal.SIGTERM)
-    return digit_share(completion, prompt, row)
-"""
+# SIGTERMs the run once step 2 is scored (tests/_token_reward.py)
+STOP_AFTER_STEP_2 = os.path.join(os.path.dirname(__file__),
+                                 "_token_reward.py") + ":stops_after_step_2"
 
 
 @pytest.mark.slow  # three 4-step CLI runs on 2 simulated devices (~60 s on 2 cores)
 def test_split_devices_with_staleness_2_and_a_resume_equal_shared_devices(tmp_path):
-    fn = tmp_path / "stop_reward.py"
-    fn.write_text(_STOP_AFTER_STEP_2)
     args = ("rollout.staleness=2", "train.steps=4", "checkpoint.every=2",
-            f"reward.functions.d={fn}:reward")
+            f"reward.functions.d={STOP_AFTER_STEP_2}")
     (tmp_path / "already").touch()  # the flag exists: the shared run is not stopped
-    env = {"PYTHONPATH": os.path.dirname(__file__), "AIS_JAX_STOP_FLAG": str(tmp_path / "already")}
+    env = {"AIS_JAX_STOP_FLAG": str(tmp_path / "already")}
     shared = _run(tmp_path / "shared", *args, env=env)
     env["AIS_JAX_STOP_FLAG"] = str(tmp_path / "stopped")
     out = tmp_path / "split"

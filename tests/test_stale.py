@@ -102,29 +102,17 @@ def test_staleness_equals_the_sequential_reference(k, tmp_path, capsys):
     assert run[1]["loss"] != sync[1]["loss"] and run[1]["d_bar"] != sync[1]["d_bar"]
 
 
-_STOP_AFTER_STEP_2 = """
-import os, signal
-from _token_reward import digit_share
-CALLS = [0]
-
-
-def reward(completion, prompt, row):
-    CALLS[0] += 1
-    if CALLS[0] == 64 and not os.path.exists(os.environ["AIS_JAX_STOP_FLAG"]):
-        open(os.environ["AIS_JAX_STOP_FLAG"], "w").close()
-        os.kill(os.getpid(), signal.SIGTERM)  # step 2 is finished, checkpointed, and stops
-    return digit_share(completion, prompt, row)
-"""
+# SIGTERMs the run once step 2 is scored (tests/_token_reward.py)
+STOP_AFTER_STEP_2 = os.path.join(os.path.dirname(__file__),
+                                 "_token_reward.py") + ":stops_after_step_2"
 
 
 @pytest.mark.slow  # a stopped and resumed 4-step run and its reference (~40 s on 2 cores)
 def test_a_resume_learns_from_the_batches_that_were_in_flight(tmp_path, monkeypatch):
-    fn = tmp_path / "stop_reward.py"
-    fn.write_text(_STOP_AFTER_STEP_2)
-    monkeypatch.syspath_prepend(os.path.dirname(__file__))
     monkeypatch.setenv("AIS_JAX_STOP_FLAG", str(tmp_path / "stopped"))
     out = tmp_path / "run"
-    args = [f"out_dir={out}", *ARGS, "rollout.staleness=1", f"reward.functions.d={fn}:reward"]
+    args = [f"out_dir={out}", *ARGS, "rollout.staleness=1",
+            f"reward.functions.d={STOP_AFTER_STEP_2}"]
     assert cli.main(args) == 128 + signal.SIGTERM
     assert [r["step"] for r in _metrics_raw(out)] == [1, 2]
     meta = json.loads((out / "checkpoints" / "2" / "metadata" / "metadata").read_text())

@@ -22,7 +22,8 @@ from ais_jax.rollout.sampler import bucket_length
 from ais_jax.tasks.evaluate import evaluate as evaluate_policy
 from ais_jax.training import sharding as shd
 from ais_jax.training.build import Run
-from ais_jax.training.placement import to_global, to_host
+from ais_jax.training.evaluation_rows import sample_chunk
+from ais_jax.training.placement import to_host
 from ais_jax.training.policy import cast_params
 from ais_jax.training.steps import model_shardings
 
@@ -92,16 +93,13 @@ class SamplerPolicy:
     def __call__(self, prompts: list[str], num_samples: int, greedy: bool) -> list[list[str]]:
         run, n = self.run, len(prompts)
         ids = [run.codec.encode_text(t) for t in prompts]
-        ids += [ids[-1]] * (self.batch_size - n)
-        pt, pm = run.codec.pad(ids, run.prompt_bucket)
-        sh = run.fns.batch_sharding
         if greedy:
-            out = self.greedy_fn(self.params, to_global(pt, sh), to_global(pm, sh),
-                                 jax.random.key(0))
+            out = sample_chunk(run, self.greedy_fn, self.params, ids, self.batch_size,
+                               jax.random.key(0))
         else:
             key = jax.random.fold_in(jax.random.key(run.cfg.seed), self._sampled_start)
             self._sampled_start += n
-            out = self.sampled_fn(self.params, to_global(pt, sh), to_global(pm, sh), key)
+            out = sample_chunk(run, self.sampled_fn, self.params, ids, self.batch_size, key)
         toks, msk = to_host(out.tokens), to_host(out.mask)
         k = 1 if greedy else num_samples
         texts = [[run.codec.decode(toks[j * k + g], msk[j * k + g]) for g in range(k)]

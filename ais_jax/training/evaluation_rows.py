@@ -23,6 +23,29 @@ from ais_jax.training.build import Run
 from ais_jax.training.placement import combine_rows, owned_rows, rows_to_host, to_global
 
 
+def sample_chunk(run: Run, fn: Any, params: Any, ids: Sequence[Sequence[int]], batch: int,
+                 key: jax.Array) -> Any:
+    """Sample one evaluation chunk, as both evaluation paths do.
+
+    Args:
+      run: the built run.
+      fn: a jitted sampler ``(params, pt, pm, key) -> out`` (rows ``j * k + g``).
+      params: the model's params.
+      ids: the token ids of at most ``batch`` prompts (at least one).
+      batch: rows per call: the chunk is padded to it by repeating its last prompt, so one
+        compilation serves every chunk.
+      key: the sampling key.
+
+    Returns:
+      ``fn``'s output for the padded chunk, its prompts padded to ``run.prompt_bucket`` and
+      placed on the run's batch sharding.
+    """
+    ids = [*ids, *[ids[-1]] * (batch - len(ids))]
+    pt, pm = run.codec.pad(ids, run.prompt_bucket)
+    sh = run.fns.batch_sharding
+    return fn(params, to_global(pt, sh), to_global(pm, sh), key)
+
+
 def evaluate_rows(run: Run, params: Any, problems: Sequence[Any], greedy_fn: Any,
                   sampled_fn: Any, k: int, batch: int) -> dict[str, float]:
     """The evaluation dict of `make_evaluator` (``accuracy``, ``n``, ``response_len``; with
@@ -38,16 +61,14 @@ def evaluate_rows(run: Run, params: Any, problems: Sequence[Any], greedy_fn: Any
       k: samples per problem (1: greedy only).
       batch: prompts per sampler call (chunks are padded to it).
     """
-    codec, task, sh = run.codec, run.task, run.fns.batch_sharding
+    codec, task = run.codec, run.task
     n = len(problems)
 
     def chunk_verdicts(fn: Any, start: int, m: int, key: jax.Array) -> np.ndarray:
         """``[len(chunk) * m, 2]``: verdict (0 / 1) and completion tokens of each row."""
         chunk = problems[start:start + batch]
-        ids = [codec.encode_text(codec.prompt_text(p)) for p in chunk]
-        ids += [ids[-1]] * (batch - len(ids))
-        pt, pm = codec.pad(ids, run.prompt_bucket)
-        out = fn(params, to_global(pt, sh), to_global(pm, sh), key)
+        out = sample_chunk(run, fn, params,
+                           [codec.encode_text(codec.prompt_text(p)) for p in chunk], batch, key)
         rows = owned_rows(out.tokens)
         toks, msk = rows_to_host(out.tokens, rows), rows_to_host(out.mask, rows)
         try:
