@@ -1,4 +1,4 @@
-"""The selection term of a low_confidence denoising step (ais_jax/training/llada/selection.py),
+"""The selection term of a low_confidence denoising step (ais_jax/method/selection.py),
 against enumeration of every candidate draw of one step (3 positions, vocabulary 4), with and
 without ties in the confidences."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ais_jax.training.llada.selection import masked_logsumexp, selection_logprob
+from ais_jax.method.selection import masked_logsumexp, selection_logprob
 
 N, V, T = 3, 4, 0.7
 

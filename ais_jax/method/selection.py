@@ -16,6 +16,8 @@ tokens whose raw log-prob is below ``c*`` (plus, past the last tied position, th
 `selection_logprob` returns the sum over ``u`` of the log of that mass; the first product is the
 revealed tokens' log-probs `ais_jax.training.llada.trajectory.step_logprobs` already returns.
 With ``remasking: random`` the ranking does not depend on the policy and the term is 0.
+It lives in the method layer so that both the sampler (rollout) and the replay (training) can
+compute it from the log-probs they already have.
 """
 
 from __future__ import annotations
