@@ -1,4 +1,6 @@
-"""LLaDA sampler: greedy low-confidence decoding equals a plain Python loop; schedule; errors."""
+"""LLaDA sampler: greedy low-confidence decoding equals a plain Python loop; schedule; the
+selection record's shape (its values: tests/test_llada_trajectory.py, test_llada_selection_mc.py);
+errors."""
 
 from __future__ import annotations
 
@@ -73,6 +75,15 @@ def test_schedule_and_invariants(remasking, temperature):
         assert (rstep[r] >= 0).all()
     lp = np.asarray(out.logprobs)
     assert np.isfinite(lp).all() and (lp <= 0).all()
+    sel = np.asarray(out.select_logprobs)
+    if remasking == "random":  # the choice does not depend on the policy
+        assert (sel == 0).all()
+    else:  # each step's term split evenly over its tokens; the block's last step leaves none
+        assert np.isfinite(sel).all() and (sel <= 0).all() and (sel < 0).any()
+        for r in range(2 * G):
+            for i in range(steps):
+                np.testing.assert_array_equal(sel[r, rstep[r] == i], sel[r, rstep[r] == i][0])
+            assert (sel[r, rstep[r] % spb == spb - 1] == 0).all()
 
 
 def test_schedule_remainder_to_first_steps():
@@ -88,6 +99,15 @@ def test_greedy_logprobs_are_model_logprobs():
     lp = jax.nn.log_softmax(logits, -1)
     want = jnp.take_along_axis(lp, out.tokens[:, 5:, None], -1)[..., 0]
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+def test_greedy_has_no_selection_term(remasking):
+    """At T = 0 there is no sampling distribution: the selection record is exactly 0."""
+    out = generate(PARAMS, CFG, jnp.asarray(PROMPT), jax.random.key(4), gen_length=8,
+                   block_length=8, steps=4, remasking=remasking)
+    assert (np.asarray(out.select_logprobs) == 0).all()
+    assert out.select_logprobs.shape == out.logprobs.shape == (2, 8)
 
 
 @pytest.mark.parametrize("kw", [dict(gen_length=8, block_length=3, steps=4),

@@ -73,3 +73,53 @@ def selection_logprob(raw_lp: jax.Array, z: jax.Array, tokens: jax.Array, reveal
     tie_ok = (raw_lp == c_star[:, None, None]) & (pos[None, :] > last_tied[:, None])[..., None]
     per_pos = masked_logsumexp(z, below | tie_ok)  # [R, N]
     return jnp.sum(jnp.where(left, per_pos, 0.0), axis=-1)
+
+
+def block_selection_logprob(logits: jax.Array, z: jax.Array, tokens: jax.Array,
+                            revealed: jax.Array, left: jax.Array, start: jax.Array,
+                            size: int) -> jax.Array:
+    """`selection_logprob` of one step, on the step's block of positions only.
+
+    The sampler (`ais_jax.rollout.llada_sampler`) and the replay
+    (`ais_jax.training.llada.trajectory`) both call this, so the two compute the term with
+    the same operations: the confidence ``log_softmax(logits)`` is taken on the block's
+    ``size`` positions only (every revealed and left position lies there), which keeps the
+    extra ``[R, size, V]`` temporaries to one block.
+
+    Args:
+      logits: ``[R, N, V]`` the step's logits, ``-inf`` at tokens never proposed.
+      z: ``[R, N, V]`` the sampling log-probs ``log softmax(logits / T)``.
+      tokens: ``[R, N]`` int candidates (read at revealed positions only).
+      revealed: ``[R, N]`` bool, the positions the step revealed.
+      left: ``[R, N]`` bool, the positions it could reveal and left masked.
+      start: scalar int, the block's first position (clamped to ``N - size`` as
+        `jax.lax.dynamic_slice_in_dim` does; pass masks that are empty outside the block).
+      size: the block length (static).
+
+    Returns:
+      ``[R]`` float32, as `selection_logprob`.
+    """
+    def blk(a: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)
+
+    raw = jax.nn.log_softmax(blk(logits).astype(jnp.float32), axis=-1)
+    return selection_logprob(raw, blk(z), blk(tokens), blk(revealed), blk(left))
+
+
+def spread_over_revealed(term: jax.Array, revealed: jax.Array) -> jax.Array:
+    """Split a per-row step term evenly over the tokens the step revealed.
+
+    This is the per-token attribution of the selection term: each revealed token carries
+    ``term / (tokens revealed at the step)``, so a row's shares sum to ``term`` (a row that
+    revealed nothing carries nothing; the sampler reveals at least one token a step).
+
+    Args:
+      term: ``[R]`` float, one number per row (e.g. `selection_logprob`).
+      revealed: ``[R, N]`` bool, the positions the step revealed.
+
+    Returns:
+      ``[R, N]`` float32: the share at revealed positions, 0 elsewhere.
+    """
+    n = jnp.sum(revealed, axis=-1, dtype=jnp.int32)
+    share = term.astype(jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
+    return jnp.where(revealed, share[:, None], 0.0)

@@ -11,7 +11,10 @@ the model probability of the candidate; ``random``: uniform scores), where
 step, the remainder one each to the first steps).  Revealed tokens never
 change.  For each revealed token the log-prob of the candidate under the step's
 sampling distribution is recorded (for importance weights between two
-policies, e.g. the FP8 rollout and the trainer).
+policies, e.g. the FP8 rollout and the trainer), and with ``low_confidence`` at
+``T > 0`` its share of the step's selection term (`ais_jax.method.selection`: the
+log-probability that the positions left masked ranked below the revealed ones), so
+that the two records sum to the log-probability of the whole trajectory.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ais_jax.method.distributions import check_temperature, scale_logits
+from ais_jax.method.selection import block_selection_logprob, spread_over_revealed
 from ais_jax.models.llada.model import LLaDAConfig, forward
 
 REMASKING = ("low_confidence", "random")
@@ -38,11 +42,21 @@ class DiffusionSample(NamedTuple):
         distribution it was sampled from at its reveal step (log-softmax of
         ``logits / temperature``; of the raw logits at temperature 0).
       reveal_step: ``[R, N]`` int32 global step (0-based) that revealed each token.
+      select_logprobs: ``[R, N]`` float32 each token's share of the selection term of
+        its reveal step: with ``remasking="low_confidence"`` and ``temperature > 0``,
+        `ais_jax.method.selection.selection_logprob` of the step (the log-probability
+        that every position of the block left masked ranked below the revealed ones)
+        split evenly over the tokens the step revealed; 0 with ``random`` remasking (the
+        choice does not depend on the policy) or at temperature 0 (no sampling
+        distribution).  ``logprobs + select_logprobs`` summed over a row is the
+        log-probability of the row's whole trajectory, tokens and reveal order (with
+        ``random``: its policy-dependent part, the order's probability being a constant).
     """
 
     tokens: jax.Array
     logprobs: jax.Array
     reveal_step: jax.Array
+    select_logprobs: jax.Array
 
 
 def transfer_schedule(block_length: int, steps_per_block: int) -> np.ndarray:
@@ -142,9 +156,10 @@ def _generate(params, prompt, prompt_mask, key, *, cfg, gen_length, block_length
     mask_id = cfg.mask_token_id
     vocab = jnp.arange(cfg.vocab_size)
     allowed = (vocab != mask_id) & (vocab < cfg.text_vocab_size)  # never propose a mask / pad id
+    selects = remasking == "low_confidence" and temperature > 0  # else the term is 0
 
     def step(i, carry):
-        gen, logprobs, reveal_step = carry
+        gen, logprobs, reveal_step, select = carry
         logits = forward(params, jnp.concatenate([prompt, gen], axis=1), cfg, attn)[:, P:]
         logits = jnp.where(allowed, logits, -jnp.inf)
         raw_lp = jax.nn.log_softmax(logits, axis=-1)  # [R, N, V]
@@ -167,14 +182,19 @@ def _generate(params, prompt, prompt_mask, key, *, cfg, gen_length, block_length
         order = jnp.argsort(-conf, axis=-1, stable=True)
         ranks = jnp.argsort(order, axis=-1)
         reveal = eligible & (ranks < sched[i % spb])
+        if selects:
+            term = block_selection_logprob(logits, z, cand, reveal, eligible & ~reveal,
+                                           b * block_length, block_length)
+            select = jnp.where(reveal, spread_over_revealed(term, reveal), select)
         return (jnp.where(reveal, cand.astype(jnp.int32), gen),
                 jnp.where(reveal, lp, logprobs),
-                jnp.where(reveal, i, reveal_step))
+                jnp.where(reveal, i, reveal_step), select)
 
     init = (jnp.full((R, N), mask_id, jnp.int32), jnp.zeros((R, N), jnp.float32),
-            jnp.full((R, N), -1, jnp.int32))
-    gen, logprobs, reveal_step = jax.lax.fori_loop(0, steps, step, init)
-    return DiffusionSample(jnp.concatenate([prompt, gen], axis=1), logprobs, reveal_step)
+            jnp.full((R, N), -1, jnp.int32), jnp.zeros((R, N), jnp.float32))
+    gen, logprobs, reveal_step, select = jax.lax.fori_loop(0, steps, step, init)
+    return DiffusionSample(jnp.concatenate([prompt, gen], axis=1), logprobs, reveal_step,
+                           select)
 
 
 def completion_mask(tokens: jax.Array, eos_ids: tuple[int, ...] | None) -> jax.Array:
