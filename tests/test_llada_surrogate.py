@@ -1,6 +1,7 @@
 """The trajectory surrogate of LLaDA (diffusion.surrogate=trajectory): the policy gradient of the
-replayed reveal order, checked against a replay written here step by step from the public
-description (the canvas before each step, the sampler's candidates, log_softmax(logits / T))."""
+replayed trajectory, checked against a replay written here step by step from the public
+description (the canvas before each step, the sampler's candidates, log_softmax(logits / T),
+and the low_confidence selection term with the block's eligible positions written out)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from _tiny import TINY_RUN
 from ais_jax.config.load import load_config
 from ais_jax.core.errors import UsageError
 from ais_jax.method import grpo
+from ais_jax.method.selection import selection_logprob
 from ais_jax.models.llada.model import LLaDAConfig, forward, init_params
 from ais_jax.training.flops import grpo_step_flops
 from ais_jax.training.llada import steps as ls
@@ -48,10 +50,15 @@ def _batch():
     return _BATCH["b"]
 
 
-def _reference_replay(params, batch, steps: int, temperature: float) -> jax.Array:
+def _reference_replay(params, batch, steps: int, temperature: float,
+                      block_length: int = 4) -> jax.Array:
     """``[B, N]``: each response token's log-prob on the canvas of the step that revealed it,
-    one explicit forward per step (no vmap, no map, no remat)."""
+    plus its even share of the step's low_confidence selection term (`selection_logprob` over
+    the block's positions still masked before the step and not revealed at it), one explicit
+    forward per step (no vmap, no map, no remat)."""
     P = batch.prompt_tokens.shape[1]
+    N = batch.tokens.shape[1]
+    spb = steps // (N // block_length)
     attn = jnp.concatenate([batch.prompt_mask.astype(bool),
                             jnp.ones(batch.tokens.shape, bool)], axis=1)
     allowed = (jnp.arange(LCFG.vocab_size) < LCFG.text_vocab_size) & (
@@ -61,9 +68,17 @@ def _reference_replay(params, batch, steps: int, temperature: float) -> jax.Arra
         canvas = jnp.where(batch.reveal_step < i, batch.tokens, LCFG.mask_token_id)
         logits = forward(params, jnp.concatenate([batch.prompt_tokens, canvas], 1), LCFG,
                          attn)[:, P:].astype(jnp.float32)
-        z = jax.nn.log_softmax(jnp.where(allowed, logits / temperature, -jnp.inf), axis=-1)
+        logits = jnp.where(allowed, logits, -jnp.inf)
+        z = jax.nn.log_softmax(logits / temperature, axis=-1)
         lp = jnp.take_along_axis(z, batch.tokens[..., None], axis=-1)[..., 0]
-        out = out + jnp.where(batch.reveal_step == i, lp, 0.0)
+        revealed = batch.reveal_step == i
+        lo = (i // spb) * block_length
+        in_block = (jnp.arange(N) >= lo) & (jnp.arange(N) < lo + block_length)
+        left = in_block & (batch.reveal_step > i)
+        sel = selection_logprob(jax.nn.log_softmax(logits, axis=-1), z, batch.tokens, revealed,
+                                left)  # [B]
+        share = sel / jnp.sum(revealed, axis=1)
+        out = out + jnp.where(revealed, lp + share[:, None], 0.0)
     return out
 
 
@@ -84,7 +99,7 @@ def _grads(state):
 
 
 @pytest.mark.slow  # ~40 s on 2 loaded cores: compiles four update programs with replays
-def test_trajectory_surrogate_is_the_gradient_of_the_replayed_reveal_order():
+def test_trajectory_surrogate_is_the_gradient_of_the_replayed_trajectory():
     cfg = _cfg("diffusion.surrogate=trajectory", "ais.mode=none")
     batch = _batch()
     T = cfg.rollout.temperature

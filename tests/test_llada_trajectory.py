@@ -1,6 +1,7 @@
 """The trajectory ratio of LLaDA (diffusion.ratio=trajectory): the replay of the sampler's
-reveal order reproduces its recorded log-probs, is a known function of the earlier-revealed
-tokens only, and drives the correction (never the surrogate) of diffu-GRPO."""
+trajectory reproduces its records (token and selection parts), is a known function of the
+earlier-revealed tokens only, and drives the correction (never the surrogate) of diffu-GRPO.
+The selection part's values: tests/test_llada_trajectory_selection.py."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ais_jax.rollout.llada_sampler import generate
 from ais_jax.training.llada import steps as ls
 from ais_jax.training.llada.trajectory import trajectory_logprobs
 from ais_jax.training.optim import init_train_state
+from ais_jax.training.steps import rollout_params
 
 # Ids 22 (past the text vocabulary) and 23 (mask) are never proposed.
 LCFG = LLaDAConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -50,65 +52,103 @@ def _sample(name, gen_length, block_length, steps, temperature, remasking="low_c
     return _SAMPLES[k]
 
 
-def _replay(name, out, steps, temperature, chunk=0):
-    return np.asarray(trajectory_logprobs(WEIGHTS[name], LCFG, ROWS, out.tokens, out.reveal_step,
-                                          steps=steps, temperature=temperature,
-                                          prompt_mask=ROW_MASK, chunk=chunk))
+def _replay(name, out, steps, temperature, block=4, remasking="low_confidence", chunk=0,
+            parts=False):
+    got = trajectory_logprobs(WEIGHTS[name], LCFG, ROWS, out.tokens, out.reveal_step,
+                              steps=steps, temperature=temperature, block_length=block,
+                              remasking=remasking, prompt_mask=ROW_MASK, chunk=chunk,
+                              parts=parts)
+    return tuple(np.asarray(a) for a in got) if parts else np.asarray(got)
+
+
+def _complete(out):
+    """The sampler's complete record: token part plus selection share."""
+    return np.asarray(out.logprobs) + np.asarray(out.select_logprobs)
 
 
 @pytest.mark.parametrize("n,block,steps,temperature,remasking", [
-    (8, 4, 4, 1.0, "low_confidence"),
-    (8, 8, 8, 0.7, "random"),
-    (6, 3, 2, 0.0, "low_confidence"),  # greedy: raw log-softmax, 3 tokens per step
+    (8, 4, 4, 1.0, "low_confidence"),  # 2 of 4, then 2 of 2 masked positions per block
+    (8, 8, 4, 0.7, "low_confidence"),  # 2 of 8, 6, 4, 2
+    (12, 6, 4, 1.0, "low_confidence"),  # 3 of 6, then 3 of 3
+    (8, 8, 8, 0.7, "random"),  # the choice is policy-free: no selection part
+    (6, 3, 2, 0.0, "low_confidence"),  # greedy: raw log-softmax, 3 tokens per step, no part
 ])
-def test_fp8_replay_reproduces_the_sampler_logprobs(n, block, steps, temperature, remasking):
+def test_fp8_replay_reproduces_the_sampler_records(n, block, steps, temperature, remasking):
     out = _sample("fp8", n, block, steps, temperature, remasking)
     rs = np.asarray(out.reveal_step)
     assert rs.min() >= 0 and rs.max() == steps - 1  # every token revealed, every step used
-    want = np.asarray(out.logprobs)
+    want, want_sel = np.asarray(out.logprobs), np.asarray(out.select_logprobs)
     assert np.all(want < 0) and np.isfinite(want).all()
+    if remasking == "random" or temperature == 0:
+        assert (want_sel == 0).all()
+    else:
+        assert (want_sel < 0).any() and np.isfinite(want_sel).all()
     # one step at a time is the sampler's own per-step program: bit for bit
-    np.testing.assert_array_equal(_replay("fp8", out, steps, temperature, chunk=1), want)
+    tok, sel = _replay("fp8", out, steps, temperature, block, remasking, chunk=1, parts=True)
+    np.testing.assert_array_equal(tok, want)
+    np.testing.assert_array_equal(sel, want_sel)
     # all steps batched (vmap): the same up to the rounding of a batched matmul
-    np.testing.assert_allclose(_replay("fp8", out, steps, temperature), want, rtol=0, atol=1e-6)
+    tok, sel = _replay("fp8", out, steps, temperature, block, remasking, parts=True)
+    np.testing.assert_allclose(tok, want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(sel, want_sel, rtol=0, atol=1e-5)
+    if remasking == "random" or temperature == 0:
+        assert (sel == 0).all()  # exactly: the part is not computed
+    # the default return is the complete record
+    np.testing.assert_allclose(_replay("fp8", out, steps, temperature, block, remasking),
+                               _complete(out), rtol=0, atol=1e-5)
 
 
 def test_same_weights_give_ratio_one_and_fp8_does_not():
     out = _sample("f32", 8, 4, 4, 1.0)
-    np.testing.assert_allclose(_replay("f32", out, 4, 1.0), np.asarray(out.logprobs), rtol=0,
-                               atol=1e-6)
+    np.testing.assert_allclose(_replay("f32", out, 4, 1.0), _complete(out), rtol=0, atol=1e-5)
     # BF16 sampler and replay: exact one step at a time; batched, BF16 rounding of the
     # batched matmuls (the floor of a bf16-rollout run's trajectory ratio)
     outb = _sample("bf16", 8, 4, 4, 1.0)
-    np.testing.assert_array_equal(_replay("bf16", outb, 4, 1.0, chunk=1),
-                                  np.asarray(outb.logprobs))
-    # the FP8 copy's samples replayed by the f32 weights: a real precision mismatch
+    np.testing.assert_array_equal(_replay("bf16", outb, 4, 1.0, chunk=1), _complete(outb))
+    # the FP8 copy's samples replayed by the f32 weights: a real precision mismatch, in
+    # both parts
     out8 = _sample("fp8", 8, 4, 4, 1.0)
-    d = np.abs(_replay("f32", out8, 4, 1.0) - np.asarray(out8.logprobs))
+    tok, sel = _replay("f32", out8, 4, 1.0, parts=True)
+    d = np.abs(tok - np.asarray(out8.logprobs))
     assert d.mean() > 1e-3 and np.isfinite(d).all()
+    d_sel = np.abs(sel - np.asarray(out8.select_logprobs))
+    assert d_sel.mean() > 1e-4 and np.isfinite(d_sel).all()
+
+
+def _log_softmax(x):
+    return x - (np.log(np.sum(np.exp(x - x.max()))) + x.max())
 
 
 def test_a_token_depends_on_earlier_revealed_tokens_only():
     """Known answer: position 0 is revealed at step 2, after positions 1 (step 0) and 3
     (step 1), before position 2 (step 3); its log-prob is log_softmax(logits / T) on the
-    canvas [prompt, MASK, t1, MASK, t3], with the mask id and ids >= 22 excluded."""
+    canvas [prompt, MASK, t1, MASK, t3], with the mask id and ids >= 22 excluded, and its
+    selection term (one token revealed, so all of it) is the q_T mass of the tokens of
+    position 2, left masked, whose raw log-prob is below that of token 5 at position 0."""
     prompt, pm = ROWS[:1], ROW_MASK[:1]
     tokens = jnp.asarray([[5, 6, 7, 8]], jnp.int32)
     reveal = jnp.asarray([[2, 0, 3, 1]], jnp.int32)
     T = 0.7
 
-    def lp(toks, rev=reveal):
-        return np.asarray(trajectory_logprobs(PARAMS, LCFG, prompt, toks, rev, steps=4,
-                                              temperature=T, prompt_mask=pm))[0]
+    def lp(toks, rev=reveal, part=None):
+        got = trajectory_logprobs(PARAMS, LCFG, prompt, toks, rev, steps=4, temperature=T,
+                                  block_length=4, remasking="low_confidence", prompt_mask=pm,
+                                  parts=part is not None)
+        return np.asarray(got if part is None else got[part])[0]
 
     base = lp(tokens)
     m = LCFG.mask_token_id
     canvas = jnp.concatenate([prompt, jnp.asarray([[m, 6, m, 8]], jnp.int32)], axis=1)
     logits = np.asarray(forward(PARAMS, canvas, LCFG, jnp.concatenate(
-        [pm, jnp.ones((1, 4), jnp.bool_)], axis=1)), np.float64)[0, 5]
-    z = logits[:22] / T
-    want = z[5] - (np.log(np.sum(np.exp(z - z.max()))) + z.max())
-    np.testing.assert_allclose(base[0], want, rtol=0, atol=1e-5)
+        [pm, jnp.ones((1, 4), jnp.bool_)], axis=1)), np.float64)[0, 5:, :22]
+    np.testing.assert_allclose(lp(tokens, part=0)[0], _log_softmax(logits[0] / T)[5], rtol=0,
+                               atol=1e-5)
+    below = _log_softmax(logits[2]) < _log_softmax(logits[0])[5]
+    want_sel = np.log(np.sum(np.exp(_log_softmax(logits[2] / T)[below])))
+    assert 0 < below.sum() < 22
+    np.testing.assert_allclose(lp(tokens, part=1)[0], want_sel, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(base[0], lp(tokens, part=0)[0] + want_sel, rtol=0, atol=1e-5)
+    assert lp(tokens, part=1)[2] == 0.0  # the block's last step leaves nothing masked
     earlier = lp(tokens.at[0, 1].set(9))  # changes the canvas of step 2
     assert abs(earlier[0] - base[0]) > 1e-4
     later = lp(tokens.at[0, 2].set(9))  # revealed after position 0
@@ -119,19 +159,30 @@ def test_a_token_depends_on_earlier_revealed_tokens_only():
 
 def test_chunked_replay_equals_unchunked():
     out = _sample("f32", 8, 4, 4, 1.0)
-    full = _replay("f32", out, 4, 1.0)
-    # chunks of 3 vmapped steps (padded to 6 steps): the batch size's rounding only
-    np.testing.assert_allclose(_replay("f32", out, 4, 1.0, chunk=3), full, rtol=0, atol=1e-6)
+    full = _replay("f32", out, 4, 1.0, parts=True)
+    # chunks of 3 vmapped steps (padded to 6 steps: they reveal nothing and leave nothing):
+    # the batch size's rounding only
+    for a, b in zip(_replay("f32", out, 4, 1.0, chunk=3, parts=True), full, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 def test_bad_replay_arguments_raise_one_line():
     out = _sample("f32", 8, 4, 4, 1.0)
+    kw = dict(steps=4, temperature=1.0, block_length=4, remasking="low_confidence")
     with pytest.raises(ValueError, match="chunk must be an int >= 0"):
-        trajectory_logprobs(PARAMS, LCFG, ROWS, out.tokens, out.reveal_step, steps=4,
-                            temperature=1.0, chunk=-1)
+        trajectory_logprobs(PARAMS, LCFG, ROWS, out.tokens, out.reveal_step, chunk=-1, **kw)
     with pytest.raises(ValueError, match="sample_tokens must be"):
-        trajectory_logprobs(PARAMS, LCFG, ROWS, out.tokens[:, :7], out.reveal_step, steps=4,
-                            temperature=1.0)
+        trajectory_logprobs(PARAMS, LCFG, ROWS, out.tokens[:, :7], out.reveal_step, **kw)
+    for bad, match in ((dict(block_length=3), "block_length"),
+                       (dict(steps=3), "divisible by the number of blocks"),
+                       (dict(remasking="top"), "remasking")):
+        with pytest.raises(ValueError, match=match) as e:
+            trajectory_logprobs(PARAMS, LCFG, ROWS, out.tokens, out.reveal_step,
+                                **{**kw, **bad})
+        assert "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="block_length"):  # the sampler's settings are required
+        trajectory_logprobs(PARAMS, LCFG, ROWS, out.tokens, out.reveal_step, steps=4,
+                            temperature=1.0, remasking="random")
 
 
 def _cfg(ratio: str, mode: str):
@@ -160,9 +211,18 @@ def test_rollout_records_the_trajectory_and_score_replays_it():
     lo, traj = ls.score(PARAMS, batch, LCFG, _cfg("trajectory", "ais"))
     np.testing.assert_array_equal(np.asarray(lo), np.asarray(est))
     bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), PARAMS)
+    kw = dict(steps=4, temperature=1.0, block_length=4, remasking="low_confidence",
+              prompt_mask=batch.prompt_mask)
     want = trajectory_logprobs(bf16, LCFG, batch.prompt_tokens, batch.tokens, batch.reveal_step,
-                               steps=4, temperature=1.0, prompt_mask=batch.prompt_mask)
+                               **kw)
     np.testing.assert_array_equal(np.asarray(traj), np.asarray(want))
+    # the batch's record is the sampler's complete one: the FP8 copy's replay, both parts
+    fp8 = rollout_params(PARAMS, _cfg("trajectory", "ais").rollout)
+    tok, sel = trajectory_logprobs(fp8, LCFG, batch.prompt_tokens, batch.tokens,
+                                   batch.reveal_step, parts=True, **kw)
+    np.testing.assert_allclose(np.asarray(batch.traj_logp), np.asarray(tok + sel), rtol=0,
+                               atol=1e-5)
+    assert float(jnp.min(sel)) < -1e-3
     # the FP8 sampler against the BF16 trainer: a small, nonzero mismatch
     d = np.abs(np.asarray(traj) - np.asarray(batch.traj_logp))
     assert 0 < d.mean() < 0.5

@@ -14,10 +14,13 @@ exactly when its candidate's confidence is below ``c*``, or equal to it with ``u
 revealed position of confidence ``c*``.  So each such ``u`` contributes the ``q_T`` mass of the
 tokens whose raw log-prob is below ``c*`` (plus, past the last tied position, those equal to it).
 `selection_logprob` returns the sum over ``u`` of the log of that mass; the first product is the
-revealed tokens' log-probs `ais_jax.training.llada.trajectory.step_logprobs` already returns.
-With ``remasking: random`` the ranking does not depend on the policy and the term is 0.
-It lives in the method layer so that both the sampler (rollout) and the replay (training) can
-compute it from the log-probs they already have.
+revealed tokens' log-probs.  With ``remasking: random`` the ranking does not depend on the
+policy and the term is 0.  It lives in the method layer so that both the sampler (rollout,
+`DiffusionSample.select_logprobs`) and the replay (training,
+`ais_jax.training.llada.trajectory.step_logprobs`) compute it, with the same operations
+(`block_selection_logprob`), from the logits they already have.  The term is one number per
+row and step; `spread_over_revealed` attributes it to the step's revealed tokens in equal
+shares, so per-token records ``[R, N]`` sum to the trajectory's log-probability.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ per inner iteration regularizes as in d1.  ``logp_old[i]`` is scored under the
 params of the batch's rollout (before any update), as d1 does.
 
 ``diffusion.ratio: trajectory`` changes only the correction's pair: the sampler's
-record of each revealed token's log-prob at its reveal step (``batch.traj_logp``)
-against the trainer's replay of the same reveal order (`score`,
+complete record of each revealed token (its log-prob at its reveal step plus its share
+of the step's selection term, ``batch.traj_logp``) against the trainer's replay of the
+same trajectory (`score`,
 `ais_jax.training.llada.trajectory`), for every inner iteration; the surrogate keeps
 the estimator's ``logp_old[i]`` (docs/llada.md "Two ratios") unless ``diffusion.surrogate:
 trajectory``, which differentiates the replay itself (docs/llada.md "The trajectory
@@ -66,9 +67,10 @@ class DiffusionBatch(NamedTuple):
       logp: ``[M, B, N]`` float32 estimator log-probs under the rollout copy,
         one per inner iteration's prompt mask.
       mask_keys: ``[M, 2]`` uint32 raw keys of those prompt masks.
-      traj_logp: ``[B, N]`` float32 the sampler's log-prob of each response token
-        at its reveal step (`DiffusionSample.logprobs`; the rollout side of
-        ``diffusion.ratio: trajectory``).
+      traj_logp: ``[B, N]`` float32 the sampler's complete record of each response token:
+        its log-prob at its reveal step plus its share of that step's selection term
+        (`DiffusionSample.logprobs + DiffusionSample.select_logprobs`; a row sums to the
+        trajectory's log-probability; the rollout side of ``diffusion.ratio: trajectory``).
       reveal_step: ``[B, N]`` int32 the global denoising step that revealed each token.
     """
 
@@ -121,7 +123,8 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     batch = DiffusionBatch(jnp.repeat(prompt_tokens, G, axis=0),
                            jnp.repeat(prompt_mask, G, axis=0), tokens,
                            completion_mask(tokens, eos_ids).astype(jnp.float32),
-                           jnp.zeros((0,), jnp.float32), keys, out.logprobs, out.reveal_step)
+                           jnp.zeros((0,), jnp.float32), keys, out.logprobs + out.select_logprobs,
+                           out.reveal_step)
     return batch._replace(logp=_estimates(rp, lcfg, batch, keys, d.p_mask))
 
 
@@ -148,7 +151,8 @@ def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
 
     ``diffusion.ratio: estimator``: the estimates ``[M, B, N]`` under the batch's prompt
     masks.  ``trajectory``: the pair ``(estimates [M, B, N], trajectory [B, N])``, the
-    second the replay of the sampler's reveal order under the params in the compute
+    second the replay of the sampler's trajectory (complete: token and selection parts)
+    under the params in the compute
     dtype (`ais_jax.training.llada.trajectory.trajectory_logprobs`, ``diffusion.steps``
     forwards); only this mode runs the replay.  ``view``: ``params -> model params``
     (LoRA, `ais_jax.training.lora_policy.view`; never with dropout), or None.
@@ -159,7 +163,8 @@ def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
     p = _model(params, cfg, view)
     traj = trajectory_logprobs(p, lcfg, batch.prompt_tokens, batch.tokens, batch.reveal_step,
                                steps=cfg.diffusion.steps, temperature=cfg.rollout.temperature,
-                               prompt_mask=batch.prompt_mask)
+                               block_length=cfg.diffusion.block_length,
+                               remasking=cfg.diffusion.remasking, prompt_mask=batch.prompt_mask)
     return est, jax.lax.stop_gradient(traj)
 
 
@@ -263,6 +268,7 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
     def replay(model: Any, b: Any) -> jax.Array:  # [rows, N], the trajectory surrogate's
         return trajectory_logprobs(model, lcfg, b.prompt_tokens, b.tokens, b.reveal_step,
                                    steps=d.steps, temperature=cfg.rollout.temperature,
+                                   block_length=d.block_length, remasking=d.remasking,
                                    prompt_mask=b.prompt_mask, chunk=int(remat), remat=remat)
 
     traj_ref = (jax.lax.stop_gradient(replay(_model(ref_params, cfg), batch))
