@@ -13,11 +13,13 @@ valid response token are taken:
 * estimator: ``log rho = FP8 estimate - trainer estimate`` (d1, the first inner
   iteration's shared prompt mask);
 * trajectory: ``log rho = sampler-recorded log-prob - trainer replay`` (the sampler's
-  reveal order, `ais_jax.training.llada.trajectory`).
+  trajectory, `ais_jax.training.llada.trajectory`: each token's log-prob plus its share
+  of its step's selection term; before issue 42 the selection term was left out).
 
 The trainer is the config's compute dtype.  Printed (JSON): per-token and per-sequence
 (sum over valid tokens) Pearson correlation of the two log-ratios, and ``d_bar`` /
-token ESS (`ais_jax.method.ais.ais_coefficient`, truncated at ``ais.C``) of each;
+token ESS (`ais_jax.method.ais.ais_coefficient`, truncated at ``ais.C``) of each, and of
+the trajectory ratio's selection part alone (``trajectory_selection``);
 ``--stress`` repeats it with the block linears x3 before quantizing (the issue's stress
 setting; trainer and FP8 copy both from the scaled weights).  ``--time-score``: the
 median wall time of the jitted score program (`ais_jax.training.llada.steps.score`) on
@@ -72,7 +74,7 @@ def agreement(run: Any, params: Any, pt: Any, pm: Any, key: Any) -> dict[str, An
     cfg, lcfg = run.cfg, run.model_cfg
     batch = jax.jit(lambda p, a, b, k: ls.rollout(p, a, b, k, lcfg, cfg, run.codec.eos_ids))(
         params, pt, pm, key)
-    est_old, traj_old = jax.jit(lambda p, b: ls.score(p, b, lcfg, cfg))(params, batch)
+    est_old, traj_old, sel_old = jax.jit(lambda p, b: ls.score(p, b, lcfg, cfg))(params, batch)
     valid = np.asarray(batch.mask) > 0
     est_t, est_r = np.asarray(est_old[0]), np.asarray(batch.logp[0])
     traj_t, traj_r = np.asarray(traj_old), np.asarray(batch.traj_logp)
@@ -84,7 +86,9 @@ def agreement(run: Any, params: Any, pt: Any, pm: Any, key: Any) -> dict[str, An
         "pearson_seq": _pearson(np.where(valid, le, 0).sum(1)[seq],
                                 np.where(valid, lt, 0).sum(1)[seq]),
         "estimator": _stats(est_t, est_r, valid, cfg.ais.C),
-        "trajectory": _stats(traj_t, traj_r, valid, cfg.ais.C),
+        "trajectory": _stats(traj_t, traj_r, valid, cfg.ais.C),  # complete (issue 42)
+        "trajectory_selection": _stats(np.asarray(sel_old), np.asarray(batch.traj_select),
+                                       valid, cfg.ais.C),
         "mean_abs_log_ratio_gap": float(np.abs(le - lt)[valid].mean()),
     }
 

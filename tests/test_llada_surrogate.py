@@ -135,7 +135,8 @@ def test_trajectory_surrogate_is_the_gradient_of_the_replayed_trajectory():
 def test_the_surrogate_leaves_the_correction_alone():
     s_traj, m_traj = _update("diffusion.surrogate=trajectory", "ais.mode=ais")
     s_est, m_est = _update("ais.mode=ais")
-    for k in ("d_bar", "alpha", "traj/d_bar", "traj/token_ess", "est/d_bar"):
+    for k in ("d_bar", "alpha", "traj/d_bar", "traj/token_ess", "est/d_bar",
+              "traj/select_seq_logratio_abs", "traj/select_share"):
         assert float(m_traj[k]) == float(m_est[k]), k  # the same correction statistics
     assert np.isfinite(float(m_traj["loss"])) and float(m_traj["skipped"]) == 0.0
     assert any(not np.allclose(a, b, rtol=1e-2) for a, b in zip(_grads(s_traj), _grads(s_est),

@@ -38,6 +38,7 @@ LLADA_RUN = [*TINY_RUN, "model.kind=llada", "rollout.max_new_tokens=8",
              "diffusion.block_length=4", "diffusion.steps=4", "checkpoint.every=0"]
 
 
+SELECT_KEYS = ("traj/seq_logratio_abs", "traj/select_seq_logratio_abs", "traj/select_share")
 _SAMPLES: dict = {}
 
 
@@ -208,19 +209,22 @@ def test_rollout_records_the_trajectory_and_score_replays_it():
     assert batch.traj_logp.shape == batch.reveal_step.shape == batch.tokens.shape == (8, 8)
     est = ls.score(PARAMS, batch, LCFG, _cfg("estimator", "ais"))
     assert not isinstance(est, tuple) and est.shape == (2, 8, 8)  # no replay
-    lo, traj = ls.score(PARAMS, batch, LCFG, _cfg("trajectory", "ais"))
+    lo, traj, traj_sel = ls.score(PARAMS, batch, LCFG, _cfg("trajectory", "ais"))
     np.testing.assert_array_equal(np.asarray(lo), np.asarray(est))
     bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), PARAMS)
     kw = dict(steps=4, temperature=1.0, block_length=4, remasking="low_confidence",
               prompt_mask=batch.prompt_mask)
     want = trajectory_logprobs(bf16, LCFG, batch.prompt_tokens, batch.tokens, batch.reveal_step,
-                               **kw)
-    np.testing.assert_array_equal(np.asarray(traj), np.asarray(want))
+                               parts=True, **kw)
+    np.testing.assert_array_equal(np.asarray(traj), np.asarray(want[0] + want[1]))
+    np.testing.assert_array_equal(np.asarray(traj_sel), np.asarray(want[1]))
     # the batch's record is the sampler's complete one: the FP8 copy's replay, both parts
     fp8 = rollout_params(PARAMS, _cfg("trajectory", "ais").rollout)
     tok, sel = trajectory_logprobs(fp8, LCFG, batch.prompt_tokens, batch.tokens,
                                    batch.reveal_step, parts=True, **kw)
     np.testing.assert_allclose(np.asarray(batch.traj_logp), np.asarray(tok + sel), rtol=0,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(batch.traj_select), np.asarray(sel), rtol=0,
                                atol=1e-5)
     assert float(jnp.min(sel)) < -1e-3
     # the FP8 sampler against the BF16 trainer: a small, nonzero mismatch
@@ -246,15 +250,26 @@ def _update(ratio: str, mode: str):
 @pytest.mark.slow  # ~60 s on 2 loaded cores: compiles three update programs
 def test_trajectory_ratio_changes_only_the_correction():
     new_t, m_t = _update("trajectory", "ais")
-    for k in ("traj/d_bar", "traj/token_ess", "est/d_bar", "est/token_ess", "alpha", "loss"):
+    for k in ("traj/d_bar", "traj/token_ess", "est/d_bar", "est/token_ess", "alpha", "loss",
+              *SELECT_KEYS):
         assert np.isfinite(float(m_t[k])), k
     assert float(m_t["traj/d_bar"]) > 0 and float(m_t["est/d_bar"]) > 0
     assert float(m_t["d_bar"]) == float(m_t["traj/d_bar"])  # the correction's ratio
     assert float(m_t["traj/d_bar"]) != float(m_t["est/d_bar"])
     # est/*: d1's pair of each inner iteration (the estimator mode's d_bar), averaged
     cfg, batch = _cfg("trajectory", "ais"), _batch()
-    lo, _ = _SCORES["trajectory"]
+    lo, traj_old, sel_old = _SCORES["trajectory"]
     valid = batch.mask > 0
+    # traj/select_*: per-sequence |trainer - sampler| of the selection part and of the whole
+    seq = {k: np.abs(np.where(np.asarray(valid), np.asarray(a) - np.asarray(b), 0).sum(1)).mean()
+           for k, a, b in (("full", traj_old, batch.traj_logp),
+                           ("sel", sel_old, batch.traj_select))}
+    assert seq["sel"] > 1e-4  # the selection part does move with precision
+    np.testing.assert_allclose(float(m_t["traj/seq_logratio_abs"]), seq["full"], rtol=1e-5)
+    np.testing.assert_allclose(float(m_t["traj/select_seq_logratio_abs"]), seq["sel"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(m_t["traj/select_share"]), seq["sel"] / seq["full"],
+                               rtol=1e-5)
     est = [ais_coefficient(lo[i], batch.logp[i], jnp.zeros_like(lo[i]), valid, C=cfg.ais.C,
                            mode="none") for i in range(2)]
     np.testing.assert_allclose(float(m_t["est/d_bar"]), np.mean([e.d_bar for e in est]),
@@ -289,7 +304,8 @@ def test_cli_run_with_the_trajectory_ratio_logs_traj_metrics(tmp_path):
                              "diffusion.ratio=trajectory", "log.completions_every=1"])
     res = run(cfg)
     m = res.metrics[0]
-    for k in ("traj/d_bar", "traj/token_ess", "est/d_bar", "est/token_ess", "d_bar", "loss"):
+    for k in ("traj/d_bar", "traj/token_ess", "est/d_bar", "est/token_ess", "d_bar", "loss",
+              *SELECT_KEYS):
         assert np.isfinite(m[k]), k
     assert m["d_bar"] == m["traj/d_bar"]
 

@@ -45,6 +45,7 @@ from ais_jax.models.llada.model import LLaDAConfig
 from ais_jax.rollout.llada_sampler import completion_mask, generate
 from ais_jax.training import optim
 from ais_jax.training import sharding as shd
+from ais_jax.training.llada.diagnostics import ratio_metrics, select_metrics
 from ais_jax.training.llada.estimator import (
     completion_logprobs,
     logprobs_given_input,
@@ -72,6 +73,8 @@ class DiffusionBatch(NamedTuple):
         (`DiffusionSample.logprobs + DiffusionSample.select_logprobs`; a row sums to the
         trajectory's log-probability; the rollout side of ``diffusion.ratio: trajectory``).
       reveal_step: ``[B, N]`` int32 the global denoising step that revealed each token.
+      traj_select: ``[B, N]`` float32 the selection part of ``traj_logp``
+        (`DiffusionSample.select_logprobs`; for the ``traj/select_*`` diagnostics).
     """
 
     prompt_tokens: jax.Array
@@ -82,6 +85,7 @@ class DiffusionBatch(NamedTuple):
     mask_keys: jax.Array
     traj_logp: jax.Array
     reveal_step: jax.Array
+    traj_select: jax.Array
 
 
 def _estimates(params: Any, lcfg: LLaDAConfig, batch: DiffusionBatch, keys: jax.Array,
@@ -124,7 +128,7 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
                            jnp.repeat(prompt_mask, G, axis=0), tokens,
                            completion_mask(tokens, eos_ids).astype(jnp.float32),
                            jnp.zeros((0,), jnp.float32), keys, out.logprobs + out.select_logprobs,
-                           out.reveal_step)
+                           out.reveal_step, out.select_logprobs)
     return batch._replace(logp=_estimates(rp, lcfg, batch, keys, d.p_mask))
 
 
@@ -146,13 +150,13 @@ def _trainer_estimates(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
 
 
 def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
-          view: Any = None) -> jax.Array | tuple[jax.Array, jax.Array]:
+          view: Any = None) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
     """Detached trainer log-probs of the batch (``logp_old``).
 
     ``diffusion.ratio: estimator``: the estimates ``[M, B, N]`` under the batch's prompt
-    masks.  ``trajectory``: the pair ``(estimates [M, B, N], trajectory [B, N])``, the
-    second the replay of the sampler's trajectory (complete: token and selection parts)
-    under the params in the compute
+    masks.  ``trajectory``: the triple ``(estimates [M, B, N], trajectory [B, N], selection
+    [B, N])``, the second the replay of the sampler's trajectory (complete: token and
+    selection parts), the third its selection part alone, under the params in the compute
     dtype (`ais_jax.training.llada.trajectory.trajectory_logprobs`, ``diffusion.steps``
     forwards); only this mode runs the replay.  ``view``: ``params -> model params``
     (LoRA, `ais_jax.training.lora_policy.view`; never with dropout), or None.
@@ -161,21 +165,13 @@ def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
     if cfg.diffusion.ratio != "trajectory":
         return est
     p = _model(params, cfg, view)
-    traj = trajectory_logprobs(p, lcfg, batch.prompt_tokens, batch.tokens, batch.reveal_step,
-                               steps=cfg.diffusion.steps, temperature=cfg.rollout.temperature,
-                               block_length=cfg.diffusion.block_length,
-                               remasking=cfg.diffusion.remasking, prompt_mask=batch.prompt_mask)
-    return est, jax.lax.stop_gradient(traj)
-
-
-def _ratio_metrics(res: Any, est: Any | None) -> dict[str, jax.Array]:
-    """``traj/*`` (the correction's trajectory ratio) and ``est/*`` (d1's estimate pair,
-    `ais_jax.method.ais.ais_coefficient` statistics) when both are at hand; else nothing."""
-    if est is None:
-        return {}
-    t = res.stats()
-    return {"traj/d_bar": t["d_bar"], "traj/token_ess": t["ess_ratio"],
-            "est/d_bar": est.d_bar, "est/token_ess": est.ess_ratio}
+    tok, sel = trajectory_logprobs(p, lcfg, batch.prompt_tokens, batch.tokens,
+                                   batch.reveal_step, steps=cfg.diffusion.steps,
+                                   temperature=cfg.rollout.temperature,
+                                   block_length=cfg.diffusion.block_length,
+                                   remasking=cfg.diffusion.remasking,
+                                   prompt_mask=batch.prompt_mask, parts=True)
+    return est, jax.lax.stop_gradient(tok + sel), jax.lax.stop_gradient(sel)
 
 
 def scale_knobs(cfg: Config, lcfg: LLaDAConfig, mesh: Mesh | None) -> dict[str, Any]:
@@ -221,7 +217,8 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
       key: unused (no minibatch shuffling; kept for the `StepFns` interface).
       ref_params: KL reference params, or None (no KL term).
       logp_old: `score`'s output (``[M, B, N]``; with ``diffusion.ratio: trajectory``
-        the pair ``(estimates, trajectory [B, N])``), or None (scored here).  The
+        the triple ``(estimates, trajectory [B, N], selection [B, N])``), or None (scored
+        here).  The
         surrogate (`ais_jax.method.grpo.grpo_loss`) takes the estimates by default: the
         correction weights estimate the sampling mismatch (the trajectory pair when
         ``trajectory``: trainer replay over ``batch.traj_logp``, the same at every
@@ -253,10 +250,11 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
     valid = batch.mask > 0
     if logp_old is None:
         logp_old = score(state.params, batch, lcfg, cfg, view)
-    if isinstance(logp_old, tuple) != (d.ratio == "trajectory"):
-        raise ValueError(f"logp_old must be score's output for diffusion.ratio={d.ratio} "
-                         "(the pair (estimates, trajectory) exactly when it is trajectory)")
-    logp_old, traj_old = logp_old if isinstance(logp_old, tuple) else (logp_old, None)
+    if (isinstance(logp_old, tuple) and len(logp_old) == 3) != (d.ratio == "trajectory"):
+        raise ValueError(f"logp_old must be score's output for diffusion.ratio={d.ratio} (the "
+                         "triple (estimates, trajectory, selection) exactly when it is trajectory)")
+    logp_old, traj_old, sel_old = (logp_old if isinstance(logp_old, tuple)
+                                   else (logp_old, None, None))
     use_ref = ref_params is not None and cfg.train.beta_kl > 0
     traj_sur = d.surrogate == "trajectory"  # the config requires ratio=trajectory with it
     logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg) if use_ref and not traj_sur
@@ -306,7 +304,7 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
 
         st, mets = optim.apply_update(st, gb, loss_fn, optimizer, micro_batches=micro,
                                       shards=shards, key=dropout_key)
-        return st, {**mets, **_iteration_metrics(res, valid, c_roll), **_ratio_metrics(res, est)}
+        return st, {**mets, **_iteration_metrics(res, valid, c_roll), **ratio_metrics(res, est)}
 
     state, mets = jax.lax.scan(inner, state, (logp_old, batch.logp, logp_ref, batch.mask_keys))
     skipped = jnp.sum(mets.pop("skipped"))
@@ -318,6 +316,8 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
         "adv_abs_mean": jnp.mean(jnp.abs(adv_seq)),
         "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
         "zero_prob_tokens": jnp.zeros((), jnp.float32),
+        **({} if traj_old is None else select_metrics(traj_old, sel_old, batch.traj_logp,
+                                                    batch.traj_select, valid)),
     }
 
 
@@ -326,9 +326,10 @@ def shardings(mesh: Mesh, cfg: Config) -> tuple[Any, Any, NamedSharding, NamedSh
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)
     b_it = NamedSharding(mesh, PartitionSpec(None, shd.BATCH_AXES, None))  # [M, B, N]
-    batch_sh = DiffusionBatch(b2, b2, b2, b2, b_it, rep, b2, b2)
-    # score's logp_old: [M, B, N], or (estimates, trajectory [B, N]) with diffusion.ratio=trajectory
-    old_sh = (b_it, b2) if cfg.diffusion.ratio == "trajectory" else b_it
+    batch_sh = DiffusionBatch(b2, b2, b2, b2, b_it, rep, b2, b2, b2)
+    # score's logp_old: [M, B, N], or (estimates, trajectory [B, N], selection [B, N]) with
+    # diffusion.ratio=trajectory
+    old_sh = (b_it, b2, b2) if cfg.diffusion.ratio == "trajectory" else b_it
     return batch_sh, old_sh, b2, rep
 
 
