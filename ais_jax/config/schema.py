@@ -215,8 +215,8 @@ class DiffusionSection:
     remasking: str = "low_confidence"  # which candidates a step keeps: low_confidence | random
     p_mask: float = 0.15  # prompt-token masking probability of the diffu-GRPO log-prob estimate
     inner_iterations: int = 1  # diffu-GRPO gradient steps per batch, each with fresh masks
-    ratio: str = "estimator"  # correction ratio: estimator (d1) | trajectory (reveal order)
-    # policy-gradient surrogate: estimator (d1) | trajectory (the replayed reveal order under
+    ratio: str = "estimator"  # correction ratio: estimator (d1) | trajectory (tokens + selection)
+    # policy-gradient surrogate: estimator (d1) | trajectory (the replayed trajectory under
     # gradient, diffusion.steps forwards per pass; needs ratio=trajectory)
     surrogate: str = "estimator"
 

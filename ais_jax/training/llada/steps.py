@@ -285,7 +285,7 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
                                  beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
                                  use_mis=a.use_mis, use_var=a.use_var)
         keep = res.keep.astype(jnp.float32)
-        if traj_sur:  # the replayed reveal order under gradient, against the score's replay
+        if traj_sur:  # the replayed trajectory under gradient, against the score's replay
             gb = ReplayBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, keep,
                              traj_old, res.advantages, traj_ref, batch.reveal_step)
         else:  # the iteration's prompt mask over the whole batch (the score's), before a split
