@@ -143,6 +143,24 @@ def test_the_surrogate_leaves_the_correction_alone():
                                                                   strict=True))
 
 
+@pytest.mark.slow  # ~20 s: one update program with the trajectory surrogate
+def test_a_trajectory_of_trainer_probability_zero_is_left_out_of_the_surrogate():
+    """A selection term can be -inf under the trainer (no candidate of a position left masked
+    ranks below the revealed ones): its tokens' ratio is 0, and the step stays finite."""
+    cfg = _cfg("diffusion.surrogate=trajectory", "ais.mode=tis")
+    batch = _batch()
+    est, traj, sel = ls.score(PARAMS, batch, LCFG, cfg)
+    zero = (jnp.arange(batch.tokens.shape[0])[:, None] == 0) & (batch.reveal_step == 0)
+    traj, sel = jnp.where(zero, -jnp.inf, traj), jnp.where(zero, -jnp.inf, sel)
+    opt = optax.chain(optax.trace(decay=0.0), optax.scale(-LR))
+    state, m = jax.jit(lambda s, lo: ls.update(s, batch, REWARDS, jax.random.key(0), None, lo,
+                                               opt, LCFG, cfg))(
+        init_train_state(PARAMS, opt), (est, traj, sel))
+    assert float(m["skipped"]) == 0.0 and np.isfinite(float(m["loss"]))
+    assert all(np.isfinite(g).all() for g in _grads(state))
+    assert np.isfinite(float(m["traj/select_share"]))
+
+
 def test_trajectory_surrogate_needs_the_trajectory_ratio():
     with pytest.raises(UsageError, match=r"diffusion\.surrogate=trajectory.*"
                                          r"diffusion\.ratio=trajectory"):

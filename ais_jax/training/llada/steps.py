@@ -285,9 +285,13 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
                                  beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
                                  use_mis=a.use_mis, use_var=a.use_var)
         keep = res.keep.astype(jnp.float32)
-        if traj_sur:  # the replayed trajectory under gradient, against the score's replay
-            gb = ReplayBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens, keep,
-                             traj_old, res.advantages, traj_ref, batch.reveal_step)
+        if traj_sur:  # the replayed trajectory under gradient, against the score's replay;
+            # a selection term of probability 0 under the trainer (or the KL reference) is
+            # -inf: its tokens' importance ratio is 0, left out (exp(-inf - -inf) is NaN)
+            ok = jnp.isfinite(traj_old) & (True if traj_ref is None else jnp.isfinite(traj_ref))
+            gb = ReplayBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens,
+                             keep * ok.astype(keep.dtype), traj_old, res.advantages, traj_ref,
+                             batch.reveal_step)
         else:  # the iteration's prompt mask over the whole batch (the score's), before a split
             masked, _ = mask_prompt(jax.random.wrap_key_data(k), batch.prompt_tokens, lcfg,
                                     d.p_mask, batch.prompt_mask)
