@@ -13,7 +13,8 @@ of the weights, CPU model, commit): the warm start is deterministic on one CPU m
 seed begun on one machine type is refused on another (`check_warm`).
 
 Every arm of a seed starts GRPO from the same warm-started policy: ``warm``
-runs the warm start of ``configs/tiny_llada_countdown.yaml`` at that seed once
+(``experiments/llada_warm.py``, shared with ``llada_complete_ratio.py``) runs
+the warm start of ``configs/tiny_llada_countdown.yaml`` at that seed once
 and saves it as a LLaDA checkpoint (with its character tokenizer) under
 ``--warm-dir``; ``run`` then trains each arm with ``model.source=<that
 checkpoint> sft.steps=0`` (``model.kind: auto`` recognises it), so the arms
@@ -27,21 +28,19 @@ quarter of the cost.  Raw logs (``metrics.jsonl``, ``summary.json``,
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import shutil
 import sys
-import time
 from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's ais_jax, also when it is not installed
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/common.py
 import common  # noqa: E402
+import llada_complete_ratio  # noqa: E402
 import llada_ratio  # noqa: E402
+import llada_warm  # noqa: E402
 
-CONFIG = "configs/tiny_llada_countdown.yaml"
+CONFIG = llada_warm.CONFIG
 RESULTS = os.path.join(ROOT, "docs", "results_llada.md")
 NOTES = os.path.join(ROOT, "experiments", "llada_notes.md")
 LOGS = os.path.join(ROOT, "experiments", "logs")
@@ -60,32 +59,13 @@ RATIO_ARMS = llada_ratio.ARM_OVERRIDES
 RATIO_COMMON = llada_ratio.COMMON_OVERRIDES
 
 
-def warm_dir(base: str, seed: int) -> str:
-    return os.path.join(base, f"llada_warm_s{seed}")
+warm_dir = llada_warm.warm_dir
+warm_record = llada_warm.warm_record
 
 
 def cmd_warm(seeds: Sequence[int], base: str) -> None:
-    """Warm-start each seed's policy once and save it as a LLaDA checkpoint."""
-    from ais_jax.config.load import load_config
-    from ais_jax.models.llada.checkpoint import save
-    from ais_jax.training.build import build_run
-    from ais_jax.training.placement import to_host
-    from ais_jax.training.warmstart import warm_start
-
-    for seed in seeds:
-        dest = warm_dir(base, seed)
-        if os.path.exists(os.path.join(dest, "model.safetensors")):
-            continue
-        t0 = time.perf_counter()
-        cfg = load_config(os.path.join(ROOT, CONFIG),
-                          [f"seed={seed}", f"out_dir={dest}.run", *common.COMMON])
-        run = build_run(cfg)
-        params = warm_start(run, run.state.params)
-        save(dest, to_host(params), run.model_cfg)
-        run.codec.tokenizer.save(dest)
-        shutil.rmtree(f"{dest}.run", ignore_errors=True)
-        print(f"warm start seed {seed}: {time.perf_counter() - t0:.0f} s -> {dest}", flush=True)
-
+    """Warm-start each seed's policy once and save it as a LLaDA checkpoint (`llada_warm`)."""
+    llada_warm.warm(seeds, base)
 
 
 def cmd_run(seeds: Sequence[int], arms: Sequence[str], base: str, scratch: str,
@@ -111,39 +91,9 @@ def ratio_planned(seeds: Sequence[int] = RATIO_SEEDS) -> dict[str, tuple[str, ..
             for seed in seeds for arm, ov in RATIO_ARMS.items()}
 
 
-def warm_record(base: str, seed: int) -> dict:
-    """What identifies a seed's warm start: the sha256 of its saved weights, the CPU model and
-    code commit it was made with."""
-    with open(os.path.join(warm_dir(base, seed), "model.safetensors"), "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
-    return {"seed": seed, "model_sha256": sha, "cpu": common.cpu_model(),
-            "commit": common.code_commit()}
-
-
 def check_warm(base: str, seed: int, records: str = RATIO_WARM) -> None:
-    """Record the seed's warm start (``records/warm_s<seed>.json``) the first time; later,
-    refuse a warm start that differs from the recorded one (one line, exit 2).
-
-    The arms of a seed are paired through their shared warm start.  The warm start is
-    deterministic on one CPU model but not across models, so a seed left unfinished by one
-    session must be finished on the same machine type.
-    """
-    rec = warm_record(base, seed)
-    path = os.path.join(records, f"warm_s{seed}.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
-        if old["model_sha256"] != rec["model_sha256"]:
-            print(f"seed {seed}: this machine's warm start ({rec['cpu']}) is not the one its "
-                  f"logged arms started from ({old['cpu']}, {os.path.relpath(path, ROOT)}): "
-                  "finish the seed on that machine type, or run other seeds (--seeds)",
-                  file=sys.stderr)
-            raise SystemExit(2)
-        return
-    os.makedirs(records, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(rec, f, indent=1)
-        f.write("\n")
+    """`llada_warm.check_warm` with the ratio study's records (``RATIO_WARM``) by default."""
+    llada_warm.check_warm(base, seed, records)
 
 
 def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "",
@@ -169,8 +119,9 @@ def cmd_ratio(base: str, scratch: str, dry_run: bool, until: str = "",
 
 
 def render(logs: str = LOGS) -> str:
-    """docs/results_llada.md from ``logs``: the four arms' ``llada_<arm>_s<seed>`` and the
-    ratio study's ``ratio_<arm>_s<seed>`` (`llada_ratio`; deterministic)."""
+    """docs/results_llada.md from ``logs``: the four arms' ``llada_<arm>_s<seed>``, the
+    ratio study's ``ratio_<arm>_s<seed>`` (`llada_ratio`) and the complete-ratio block's
+    ``complete_<arm>_s<seed>`` (`llada_complete_ratio`; deterministic)."""
     import numpy as np
 
     load, mean_sd, run_stats, series = common.load, common.mean_sd, common.run_stats, common.series
@@ -185,19 +136,20 @@ def render(logs: str = LOGS) -> str:
                 runs[arm, seed] = st
     out = ["# The diffusion setting: BF16 / FP8 / FP8+TIS / FP8+AIS on the LLaDA default", "",
            "Generated by `python experiments/llada_arms.py report` from "
-           "`experiments/logs/llada_<arm>_s<seed>/` and `ratio_<arm>_s<seed>/`; do not edit "
-           "by hand.", "",
+           "`experiments/logs/llada_<arm>_s<seed>/`, `ratio_<arm>_s<seed>/` and "
+           "`complete_<arm>_s<seed>/`; do not edit by hand.", "",
            "The four-arm study's results are exploratory: none of its runs was pre-registered "
            "(the project's first pre-registered study is the long-setting replication, "
-           "`experiments/prereg/long_replication.md`). The last section, the ratio study "
-           "(`experiments/llada_ratio.py`), is pre-registered.", "",
+           "`experiments/prereg/long_replication.md`). The last two sections, the ratio study "
+           "(`experiments/llada_ratio.py`) and the complete-ratio block "
+           "(`experiments/llada_complete_ratio.py`), are pre-registered.", "",
            f"Each run is `{CONFIG}` (0.6M-parameter masked-diffusion model, Countdown with 3 "
            "numbers from 1-6, 150 diffu-GRPO steps x 16 prompts x 8 samples, two inner "
            "iterations) started from its seed's shared warm start (`python "
            "experiments/llada_arms.py warm`), with the arm's rollout precision and correction "
            "(`run.json` holds each command, wall time and load). Held-out accuracy: 512 "
            "problems, greedy and sampled at T=1 (mean of 4).", ""]
-    ratio = llada_ratio.render(logs)
+    ratio = [*llada_ratio.render(logs), *llada_complete_ratio.render(logs)]
     if not runs:
         return "\n".join([*out, "No runs logged yet.", "", *ratio])
     cols = [("greedy_before", "greedy before"), ("greedy_after", "greedy after"),

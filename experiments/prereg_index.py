@@ -39,6 +39,9 @@ STUDIES = (
           "#smollm2-135m-instruct-with-nvfp4-rollouts-pre-registered"),
     Study("async_staleness", "Asynchronous rollouts, staleness 1 and 4 (FP8 E4M3)",
           "#asynchronous-rollouts-staleness-and-fp8-in-one-correction-pre-registered"),
+    Study("llada_complete_ratio", "LLaDA: AIS with the complete trajectory ratio (FP8 E4M3)",
+          "results_llada.md#the-complete-trajectory-ratio-ais-against-fp8-and-the-estimator-"
+          "pre-registered"),
 )
 DESCRIPTIVE = (  # pre-registered without a hypothesis test
     Study("smollm2_mechanism", "SmolLM2-135M, FP8 E4M3 rollouts (2 seeds)",
