@@ -28,9 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # prereg_tables, common (experiments/)
 from prereg_tables import (  # noqa: E402
+    arms_table,
     curves_table,
     exploratory_table,
-    mean_sd,
     noise_table,
     per_seed,
     primary_table,
@@ -139,22 +139,9 @@ def _cost_table(rows: Sequence[tuple[str, str, Sequence[float]]]) -> list[str]:
 
 
 def _arms_table(have: dict[str, dict]) -> list[str]:
-    out = ["| arm | sampled after | greedy after | sampled before | d_bar (mean) | "
-           "token ESS ratio (mean) | wall s (mean) |", "|---|---|---|---|---|---|---|"]
-    for arm in ARMS:
-        runs = [have[f"async_{arm}_s{s}"] for s in SEEDS]
-        after = [r["summary"]["eval_after"] for r in runs]
-
-        def col(key: str, runs: list[dict] = runs) -> str:
-            return mean_sd([statistics.mean(row[key] for row in r["rows"]) for r in runs])
-
-        out.append(
-            f"| {arm} | {mean_sd([a['sampled_accuracy'] for a in after])} | "
-            f"{mean_sd([a['accuracy'] for a in after])} | "
-            f"{mean_sd([r['summary']['eval_before']['sampled_accuracy'] for r in runs])} | "
-            f"{col('d_bar')} | {col('ess_ratio')} | "
-            f"{statistics.mean(r['meta']['wall_s'] for r in runs):.0f} |")
-    return out
+    return arms_table({arm: [have[f"async_{arm}_s{s}"] for s in SEEDS] for arm in ARMS},
+                      (("sampled_accuracy", "sampled after"), ("accuracy", "greedy after")),
+                      (("d_bar", "d_bar (mean)"), ("ess_ratio", "token ESS ratio (mean)")))
 
 
 def confirmatory(have: dict[str, dict]) -> list[tuple[str, list[float]]]:

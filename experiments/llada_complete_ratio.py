@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -34,9 +33,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # prereg_tables, common, llada_warm (experiments/)
 from prereg_tables import (  # noqa: E402
+    arms_table,
     curves_table,
     exploratory_table,
-    mean_sd,
     noise_table,
     primary_table,
 )
@@ -118,29 +117,11 @@ def diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
     return _common().seed_diffs(have, PREFIX, arm, base, key, SEEDS)
 
 
-def run_mean(run: dict, key: str) -> float | None:
-    """Mean of a logged metric over a run's steps; None when the run does not log it."""
-    xs = [r[key] for r in run["rows"] if key in r]
-    return statistics.mean(xs) if xs else None
-
-
 def _arms_table(have: dict[str, dict]) -> list[str]:
     """Per arm, mean ± sd over seeds: held-out accuracy, the `DIAGNOSTICS` and wall time."""
-    out = ["| arm | sampled after | greedy after | pass@4 after | sampled before | "
-           + " | ".join(label for _, label in DIAGNOSTICS) + " | wall s (mean) |",
-           "|---|" + "---|" * (len(DIAGNOSTICS) + 5)]
-    for arm in ARMS:
-        runs = [have[f"{PREFIX}_{arm}_s{s}"] for s in SEEDS]
-        after = [r["summary"]["eval_after"] for r in runs]
-        cells = [mean_sd([a["sampled_accuracy"] for a in after]),
-                 mean_sd([a["accuracy"] for a in after]), mean_sd([a["pass@4"] for a in after]),
-                 mean_sd([r["summary"]["eval_before"]["sampled_accuracy"] for r in runs])]
-        for key, _ in DIAGNOSTICS:
-            means = [run_mean(r, key) for r in runs]
-            cells.append("-" if None in means else mean_sd(means))
-        wall = statistics.mean(r["meta"]["wall_s"] for r in runs)
-        out.append(f"| {arm} | " + " | ".join(cells) + f" | {wall:.0f} |")
-    return out
+    return arms_table({arm: [have[f"{PREFIX}_{arm}_s{s}"] for s in SEEDS] for arm in ARMS},
+                      (("sampled_accuracy", "sampled after"), ("accuracy", "greedy after"),
+                       ("pass@4", "pass@4 after")), DIAGNOSTICS)
 
 
 def confirmatory(have: dict[str, dict]) -> list[tuple[str, list[float]]]:

@@ -14,12 +14,17 @@ numbers, ``experiments/llada_ratio_notes.md``, follows the analysis (only once i
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common, prereg_tables
 import common
-from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
+from prereg_tables import (
+    arms_table,
+    curves_table,
+    exploratory_table,
+    noise_table,
+    primary_table,
+)
 
 PREREG = "experiments/prereg/llada_ratio.md"
 NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llada_ratio_notes.md")
@@ -52,31 +57,13 @@ def _diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
     return [after(arm, s) - after(base, s) for s in SEEDS]
 
 
-def _run_mean(run: dict, key: str) -> float | None:
-    """Mean of a logged metric over a run's steps; None when the run does not log it."""
-    xs = [r[key] for r in run["rows"] if key in r]
-    return statistics.mean(xs) if xs else None
-
-
 def _arms_table(have: dict[str, dict]) -> list[str]:
     cols = (("d_bar", "d_bar (correction's ratio)"), ("ess_ratio", "token ESS"),
             ("traj/d_bar", "d_bar trajectory"), ("est/d_bar", "d_bar estimator"),
             ("alpha", "alpha"))
-    out = ["| arm | sampled after | greedy after | pass@4 after | sampled before | "
-           + " | ".join(label for _, label in cols) + " | wall s (mean) |",
-           "|---|" + "---|" * (len(cols) + 5)]
-    for arm in ARMS:
-        runs = [have[f"ratio_{arm}_s{s}"] for s in SEEDS]
-        after = [r["summary"]["eval_after"] for r in runs]
-        cells = [mean_sd([a["sampled_accuracy"] for a in after]),
-                 mean_sd([a["accuracy"] for a in after]), mean_sd([a["pass@4"] for a in after]),
-                 mean_sd([r["summary"]["eval_before"]["sampled_accuracy"] for r in runs])]
-        for key, _ in cols:
-            means = [_run_mean(r, key) for r in runs]
-            cells.append("-" if None in means else mean_sd(means))
-        wall = statistics.mean(r["meta"]["wall_s"] for r in runs)
-        out.append(f"| {arm} | " + " | ".join(cells) + f" | {wall:.0f} |")
-    return out
+    return arms_table({arm: [have[f"ratio_{arm}_s{s}"] for s in SEEDS] for arm in ARMS},
+                      (("sampled_accuracy", "sampled after"), ("accuracy", "greedy after"),
+                       ("pass@4", "pass@4 after")), cols)
 
 
 def _curves(have: dict[str, dict]) -> list[str]:

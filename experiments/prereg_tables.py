@@ -107,3 +107,30 @@ def exploratory_table(rows: Sequence[tuple[str, str, Sequence[float]]],
         out.append(f"| {label} | {metric} | {per_seed(seeds, d)} | {interval(d)} | "
                    f"{t.effect:+.2f} | {t.p:.3f} | {sign_flip_p(d):.3f} |")
     return out
+
+
+def run_mean(run: dict, key: str) -> float | None:
+    """Mean of a logged metric over a run's steps (`common.load`'s dict); None when the run
+    does not log it."""
+    xs = [r[key] for r in run["rows"] if key in r]
+    return statistics.mean(xs) if xs else None
+
+
+def arms_table(runs: dict[str, Sequence[dict]], after: Sequence[tuple[str, str]],
+               diagnostics: Sequence[tuple[str, str]]) -> list[str]:
+    """Per arm (``arm -> its runs, one per seed``), mean ± sd over the runs of: each held-out
+    metric ``after`` (``(summary key, column label)``) after GRPO, sampled accuracy before
+    GRPO, each per-step mean of ``diagnostics`` (``(row key, column label)``; ``-`` where a
+    run does not log it) and the mean wall time.  One row per arm, in ``runs``' order."""
+    labels = [label for _, label in after] + ["sampled before"]
+    labels += [label for _, label in diagnostics] + ["wall s (mean)"]
+    out = ["| arm | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for arm, rs in runs.items():
+        cells = [mean_sd([r["summary"]["eval_after"][k] for r in rs]) for k, _ in after]
+        cells.append(mean_sd([r["summary"]["eval_before"]["sampled_accuracy"] for r in rs]))
+        for key, _ in diagnostics:
+            means = [run_mean(r, key) for r in rs]
+            cells.append("-" if None in means else mean_sd(means))
+        wall = statistics.mean(r["meta"]["wall_s"] for r in rs)
+        out.append(f"| {arm} | " + " | ".join(cells) + f" | {wall:.0f} |")
+    return out

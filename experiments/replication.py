@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common, long_arms, prereg_tables
 import common
 import long_arms
-from prereg_tables import curves_table, exploratory_table, mean_sd, noise_table, primary_table
+from prereg_tables import (
+    arms_table,
+    curves_table,
+    exploratory_table,
+    noise_table,
+    primary_table,
+)
 
 PREREG = "experiments/prereg/long_replication.md"
 ARMS = tuple(long_arms.REP_ARMS)  # bf16 null none ais tis
@@ -83,24 +88,11 @@ def _exploratory(have: dict[str, dict]) -> list[str]:
 
 
 def _arms_table(have: dict[str, dict]) -> list[str]:
-    out = ["| arm | sampled after | greedy after | pass@4 after | sampled before | "
-           "token ESS ratio (mean) | d_bar (mean) | alpha (mean) | wall s (mean) |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for arm in ARMS:
-        runs = [have[f"rep_{arm}_s{s}"] for s in SEEDS]
-
-        def col(key: str, runs: list[dict] = runs) -> str:
-            return mean_sd([statistics.mean(r[key] for r in run["rows"]) for run in runs])
-
-        after = [r["summary"]["eval_after"] for r in runs]
-        out.append(
-            f"| {arm} | {mean_sd([a['sampled_accuracy'] for a in after])} | "
-            f"{mean_sd([a['accuracy'] for a in after])} | "
-            f"{mean_sd([a['pass@4'] for a in after])} | "
-            f"{mean_sd([r['summary']['eval_before']['sampled_accuracy'] for r in runs])} | "
-            f"{col('ess_ratio')} | {col('d_bar')} | {col('alpha')} | "
-            f"{statistics.mean(r['meta']['wall_s'] for r in runs):.0f} |")
-    return out
+    return arms_table({arm: [have[f"rep_{arm}_s{s}"] for s in SEEDS] for arm in ARMS},
+                      (("sampled_accuracy", "sampled after"), ("accuracy", "greedy after"),
+                       ("pass@4", "pass@4 after")),
+                      (("ess_ratio", "token ESS ratio (mean)"), ("d_bar", "d_bar (mean)"),
+                       ("alpha", "alpha (mean)")))
 
 
 def _curves(have: dict[str, dict]) -> list[str]:

@@ -29,9 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # prereg_tables, compare (experiments/)
 from prereg_tables import (  # noqa: E402
+    arms_table,
     curves_table,
     exploratory_table,
-    mean_sd,
     noise_table,
     primary_table,
 )
@@ -100,24 +100,11 @@ def ess_change(run: dict) -> float:
 
 
 def _arms_table(have: dict[str, dict]) -> list[str]:
-    out = ["| arm | sampled after | greedy after | pass@4 after | sampled before | "
-           "token ESS ratio (mean) | d_bar (mean) | alpha (mean) | wall s (mean) |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for arm in ARMS:
-        runs = [have[f"fp4_{arm}_s{s}"] for s in SEEDS]
-        after = [r["summary"]["eval_after"] for r in runs]
-
-        def col(key: str, runs: list[dict] = runs) -> str:
-            return mean_sd([statistics.mean(row[key] for row in r["rows"]) for r in runs])
-
-        out.append(
-            f"| {arm} | {mean_sd([a['sampled_accuracy'] for a in after])} | "
-            f"{mean_sd([a['accuracy'] for a in after])} | "
-            f"{mean_sd([a['pass@4'] for a in after])} | "
-            f"{mean_sd([r['summary']['eval_before']['sampled_accuracy'] for r in runs])} | "
-            f"{col('ess_ratio')} | {col('d_bar')} | {col('alpha')} | "
-            f"{statistics.mean(r['meta']['wall_s'] for r in runs):.0f} |")
-    return out
+    return arms_table({arm: [have[f"fp4_{arm}_s{s}"] for s in SEEDS] for arm in ARMS},
+                      (("sampled_accuracy", "sampled after"), ("accuracy", "greedy after"),
+                       ("pass@4", "pass@4 after")),
+                      (("ess_ratio", "token ESS ratio (mean)"), ("d_bar", "d_bar (mean)"),
+                       ("alpha", "alpha (mean)")))
 
 
 def _fig4(have: dict[str, dict]) -> list[str]:
