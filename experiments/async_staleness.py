@@ -151,8 +151,29 @@ def confirmatory(have: dict[str, dict]) -> list[tuple[str, list[float]]]:
             for h, a, b in HYPOTHESES]
 
 
-def render(logs: str = LOGS) -> list[str]:
-    """The block's results section (markdown lines) from the logs in ``logs``."""
+FIGS = (("async_d_bar.png", "d_bar", "d_bar", "d_bar"),
+        ("async_ess.png", "ess_ratio", "token ESS ratio", "token ESS ratio"),
+        ("async_alpha.png", "alpha", "AIS alpha", "alpha (ais arms)"))
+
+
+def _figures(runs: dict[str, list[dict]], figures: str) -> list[str]:
+    """Draw d_bar, token ESS and alpha over training (seed mean, band: seed range) per arm
+    into ``figures``; the page's image lines (one per figure)."""
+    c = _common()
+    os.makedirs(figures, exist_ok=True)
+    out = []
+    for fname, key, ylabel, what in FIGS:
+        arms = [a for a in ARMS if a != "null" and (key != "alpha" or a.endswith("ais"))]
+        title = f"Asynchronous rollouts: {what} by staleness k and correction"
+        if c.figure(os.path.join(figures, fname), title, f"{ylabel} ({c.WINDOW}-step mean)",
+                    {a: runs[a] for a in arms}, key):
+            out += [f"![{what} by arm](figures/{fname})", ""]
+    return out
+
+
+def render(logs: str = LOGS, figures: str | None = None) -> list[str]:
+    """The block's results section (markdown lines) from the logs in ``logs``; with
+    ``figures`` (a folder) also its d_bar / ESS / alpha curves, drawn there and linked."""
     have = loaded(logs)
     total = len(ARMS) * len(SEEDS)
     out = ["## Asynchronous rollouts: staleness and FP8 in one correction (pre-registered)", "",
@@ -187,6 +208,7 @@ def render(logs: str = LOGS) -> list[str]:
             *_cost_table(cost), "",
             f"Mechanism statistics per {WINDOW}-step window, mean over seeds:", "",
             *_mechanism(have), "",
+            *(_figures(runs, figures) if figures else []),
             "Held-out greedy accuracy during GRPO (mean over seeds; `eval.every=50`):", "",
             *curves_table(runs, "accuracy", EVAL_STEPS, STEPS), "",
             "Held-out sampled accuracy during GRPO (mean over seeds):", "",

@@ -285,7 +285,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         *replication.render(),
         *smollm2_mechanism.render(),
         *smollm2_fp4.render(),
-        *async_staleness.render(),
+        *async_staleness.render(figures=figures),
         "## The short-response setting (the embedded default)",
         "",
         "### Setting",
