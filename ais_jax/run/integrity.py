@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.core.errors import CheckpointError
+from ais_jax.run import multihost
 
 CHECKSUMS = "ais_jax_checksums.json"
 _CHUNK = 8 << 20
@@ -146,11 +147,17 @@ def check_finite(state: Any, step_dir: str) -> None:
 
 def prune(manager: Any, keep: int, protect: int | None = None) -> list[int]:
     """Delete the oldest steps beyond the newest ``keep``, never ``protect``; returns the
-    deleted steps."""
+    deleted steps.
+
+    With several processes every process reloads the step list, then waits for the others
+    before anything is deleted: a process still listing the directory while process 0 deletes
+    a step failed on the vanished step (``FileNotFoundError``, seen once in CI).
+    """
     manager.reload()
     steps = sorted(manager.all_steps())
     newest = set(steps[-keep:])
     gone = [s for s in steps if s not in newest and s != protect]
+    multihost.all_flags(True)  # a barrier: every process has listed the steps
     for s in gone:
         manager.delete(s)
     return gone
