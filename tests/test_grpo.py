@@ -124,13 +124,17 @@ def _batch(key, B=4, P=3, N=5):
 def test_sequence_logprobs_matches_manual_forward():
     params = init_params(jax.random.key(0), CFG)
     prompt, pmask, toks = _batch(jax.random.key(1))
-    got = policy.sequence_logprobs(params, prompt, pmask, toks, CFG, temperature=0.7)
+    # Both sides jitted and the reference read in numpy: a few programs, not ~150 eager ops.
+    got = jax.jit(lambda p: policy.sequence_logprobs(p, prompt, pmask, toks, CFG,
+                                                     temperature=0.7))(params)
+    manual = jax.jit(lambda p, seq: jax.nn.log_softmax(forward(p, seq, CFG)[0] / 0.7))
+    tok = np.asarray(toks)
     for b in range(prompt.shape[0]):
         keep = np.asarray(pmask[b])
         seq = jnp.concatenate([prompt[b][keep], toks[b]])[None]
-        lp = jax.nn.log_softmax(forward(params, seq, CFG)[0] / 0.7)
+        lp = np.asarray(manual(params, seq))
         P = int(keep.sum())
-        ref = [float(lp[P - 1 + n, int(toks[b, n])]) for n in range(toks.shape[1])]
+        ref = [lp[P - 1 + n, tok[b, n]] for n in range(tok.shape[1])]
         np.testing.assert_allclose(np.asarray(got[b]), ref, atol=2e-5)
 
 

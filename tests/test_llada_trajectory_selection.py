@@ -163,16 +163,16 @@ def test_replay_and_its_gradient_equal_a_step_by_step_replay(sample):
         tok, sel = _replay(p, rows, tokens, reveal_step, parts=True)
         return jnp.stack([jnp.sum(w * tok), jnp.sum(w * sel)])
 
-    g_tok, g_sel = zip(*(jnp.unstack(g) for g in jax.tree.leaves(jax.jacrev(parts)(PARAMS))),
-                       strict=True)
+    g_tok, g_sel = zip(*(jnp.unstack(g) for g in jax.tree.leaves(
+        jax.jit(jax.jacrev(parts))(PARAMS))), strict=True)  # jitted: one program, not op by op
     assert max(float(jnp.abs(g).max()) for g in g_sel) > 1e-2 * scale  # a gradient of its own
     for a, b, c in zip(g_tok, g_sel, g_want, strict=True):
         np.testing.assert_allclose(np.asarray(a + b), np.asarray(c), rtol=1e-4,
                                    atol=1e-5 * scale)
     # one step at a time under remat, and chunks of 3 vmapped steps (padded to 6)
     for chunk, remat in ((1, True), (3, False)):
-        got, grads = jax.value_and_grad(lambda p, c=chunk, r=remat: jnp.sum(w * _replay(
-            p, rows, tokens, reveal_step, chunk=c, remat=r)))(PARAMS)
+        got, grads = jax.jit(jax.value_and_grad(lambda p, c=chunk, r=remat: jnp.sum(w * _replay(
+            p, rows, tokens, reveal_step, chunk=c, remat=r))))(PARAMS)
         np.testing.assert_allclose(float(got), float(jnp.sum(w * want)), rtol=1e-5)
         for a, b in zip(jax.tree.leaves(grads), g_want, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
