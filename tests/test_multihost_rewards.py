@@ -13,21 +13,6 @@ from test_multihost import MIN, REWARD_FN, _error_lines, _pair
 FOUR = [*MIN, "mesh.data=1", "mesh.fsdp=4", "rollout.prompts_per_step=4"]
 
 
-def test_each_row_is_scored_by_the_one_process_that_sampled_it(tmp_path):
-    fn = tmp_path / "host_reward.py"
-    fn.write_text("import os\n\n\ndef by_process(completion, prompt, row):\n"
-                  "    return float(os.environ['AIS_JAX_PROCESS_ID'])\n")
-    d = tmp_path / "run"
-    out, _ = _pair([d, d], *FOUR, f"reward.functions.host={fn}:by_process", timeout=240)
-    # every process's stderr on failure: the one that died first is the one to read
-    assert [rc for rc, _, _ in out] == [0, 0], [err[-3000:] for _, _, err in out]
-    with open(d / "metrics.jsonl") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    # Half the rows were scored on process 0 (value 0) and half on process 1 (value 1): every
-    # process trained on the same combined rewards, whose mean is exactly 0.5.
-    assert [r["reward/host"] for r in records] == [0.5, 0.5], records
-
-
 def test_a_reward_that_fails_on_one_process_stops_both(tmp_path):
     # A reward function that raises on process 1 only must not leave process 0 waiting for
     # process 1's rewards: both exit 2 with process 1's line.
@@ -47,10 +32,17 @@ def test_a_process_killed_mid_run_stops_the_survivor_with_one_line(tmp_path, mon
     # Process 1 is SIGKILLed while scoring step 2 (after checkpoint 1): process 0 waits for
     # its rows in the all-gather, and must end at once with one line, not hang or abort with
     # a long log; the rerun resumes from checkpoint 1 on both processes.
+    # A second reward returns the id of the process that scores it: each row is scored by the
+    # one process that sampled it, so half the rows score 0 and half 1, and every process
+    # trains on the same combined rewards, whose mean is exactly 0.5 at every step.
+    host = tmp_path / "host_reward.py"
+    host.write_text("import os\n\n\ndef by_process(completion, prompt, row):\n"
+                    "    return float(os.environ['AIS_JAX_PROCESS_ID'])\n")
     monkeypatch.setenv("AIS_JAX_ROWS", "4")  # process 1's rows of one step (FOUR: 8 rows)
     d = tmp_path / "run"
     fn = REWARD_FN.replace(":digit_share", ":dies_on_process_1")
-    out, _ = _pair([d, d], *FOUR, f"reward.functions.f={fn}", timeout=240)
+    rewards = [f"reward.functions.f={fn}", f"reward.functions.host={host}:by_process"]
+    out, _ = _pair([d, d], *FOUR, *rewards, timeout=240)
     assert out[1][0] == -9, out[1][2][-2000:]  # SIGKILL
     rc, _, err = out[0]
     errs = _error_lines(err)
@@ -58,7 +50,10 @@ def test_a_process_killed_mid_run_stops_the_survivor_with_one_line(tmp_path, mon
     assert "another process of this 2-process run died" in errs[0], errs[0]
     assert (d / "checkpoints" / "1").is_dir()
     monkeypatch.setenv("AIS_JAX_ROWS", "1000000")  # no death this time
-    out, _ = _pair([d, d], *FOUR, f"reward.functions.f={fn}", timeout=240)
+    out, _ = _pair([d, d], *FOUR, *rewards, timeout=240)
     # every process's stderr on failure: the one that died first is the one to read
     assert [rc for rc, _, _ in out] == [0, 0], [err[-3000:] for _, _, err in out]
     assert "resumed from step 1" in out[0][1], out[0][1]
+    with open(d / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    assert [(r["step"], r["reward/host"]) for r in records] == [(1, 0.5), (2, 0.5)], records
