@@ -200,6 +200,7 @@ _SHAPES = [(1,), (6,), (3, 5), (2, 3, 4)]
 _jitted = jax.jit(ais_coefficient, static_argnames=("mode",))
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 @settings(max_examples=300, deadline=None)
 @given(_batch(), st.sampled_from(["ais", "tis", "none"]))
 def test_property_finite_alpha_in_unit_interval(b, mode):
@@ -220,6 +221,7 @@ def test_property_agreeing_logps_give_unit_weights(b):
     assert float(r.d_bar) == 0.0 and float(r.alpha) == 0.0
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 @settings(max_examples=200, deadline=None)
 @given(_batch(garbage=False), st.sampled_from([1, 4]))
 def test_property_padding_invariance(b, pad):
@@ -235,6 +237,7 @@ def test_property_padding_invariance(b, pad):
                                rtol=1e-6)
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 @settings(max_examples=200, deadline=None)
 @given(_batch(), st.sampled_from(["ais", "tis", "none"]))
 def test_property_jit_equals_eager(b, mode):

@@ -62,6 +62,7 @@ def _metrics(out_dir):
         return [json.loads(line) for line in f if line.strip()]
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_worked_example_runs_from_the_cli(example):
     cmd = _doc_command()
     assert cmd[:3] == ["python", "-m", "ais_jax.train"]
@@ -91,6 +92,7 @@ def _rewards_file(path, body):
 GOOD = "def one(completion, prompt, row):\n    return 1.0\n"
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("extra,needle", [
     (["reward.functions.r=no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
     (["reward.functions.r=os.path:no_such_fn"], "has no attribute 'no_such_fn'"),
@@ -134,6 +136,7 @@ def test_load_reward_by_module_and_batched(tmp_path, monkeypatch):
         score_rewards((load_reward("s", "pkg_rw:short"),), ["a", "b"], probs)
 
 
+@pytest.mark.slow  # ~12 s in the full suite on 2 busy cores
 def test_reward_fns_argument_and_dataset_rows(tmp_path):
     cfg = load_config(None, [f"out_dir={tmp_path}", *TINY, *SUMS, "train.steps=2",
                              "reward.task_weight=0", "task.checker=none"])

@@ -65,6 +65,7 @@ ADV = np.array([[1.0, 1.0, 1.0], [-2.0, -2.0, 7.0]])
 MASK = np.array([[1, 1, 1], [1, 1, 0]])
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_known_answers_by_hand():
     e = math.exp
     cases = {
@@ -90,6 +91,7 @@ def test_known_answers_by_hand():
     np.testing.assert_array_equal(np.asarray(r.advantages), [[1, 1, 1], [-2, -2, 0]])
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("mode", [m for m in CORRECTION_MODES if m != "ais"])
 def test_random_batches_and_extreme_ratios_match_numpy(mode):
     rng = np.random.default_rng(1)
@@ -105,6 +107,7 @@ def test_random_batches_and_extreme_ratios_match_numpy(mode):
                    **({"threshold": 0.02} if mode == "geo_mask" else {}))
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_all_masked_and_single_token():
     garbage = np.full((2, 3), np.nan)
     for mode in CORRECTION_MODES:
@@ -220,6 +223,7 @@ def test_nan_in_a_valid_position_propagates():
             assert np.isnan(np.asarray(r.weights)[0, 0]), mode
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_ais_modes_match_ais_coefficient():
     rng = np.random.default_rng(2)
     lt, lr = rng.normal(0, 0.3, (3, 5)), rng.normal(0, 0.3, (3, 5))
@@ -239,6 +243,7 @@ def test_ais_modes_match_ais_coefficient():
     np.testing.assert_allclose(np.asarray(r.weights)[0], [0.831, 1.000, 1.169, 1.847], atol=5e-4)
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 def test_diagnostics_match_numpy():
     rng = np.random.default_rng(3)
     lt, lr = rng.normal(-1, 0.5, (5, 9)), rng.normal(-1, 0.5, (5, 9))
@@ -302,6 +307,7 @@ def _batch(draw, elements=_finite):
     return lt, lr, adv, mask
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 @settings(max_examples=100, deadline=None)
 @given(_batch(), st.sampled_from(CORRECTION_MODES))
 def test_property_finite_outputs_and_keep_semantics(b, mode):
@@ -321,6 +327,7 @@ def test_property_finite_outputs_and_keep_semantics(b, mode):
         np.testing.assert_array_equal(np.asarray(r.advantages), np.where(mask, flushed, 0.0))
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 @settings(max_examples=60, deadline=None)
 @given(_batch(st.floats(-30, 30, width=32)), st.sampled_from(CORRECTION_MODES))
 def test_property_jit_equals_eager(b, mode):

@@ -50,6 +50,7 @@ def test_init_cache_layout(fp8_cache):
     assert leaf.shape == (2, 2, 7, 8)
 
 
+@pytest.mark.slow  # ~23 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("stacked", [True, False])
 def test_resize_cache_repeats_rows_and_adds_empty_slots(stacked):
     cfg = TINY
@@ -70,6 +71,7 @@ def test_resize_cache_repeats_rows_and_adds_empty_slots(stacked):
 # ----------------------------------------------------------------------------- extend
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("scan,stacked", [(True, True), (False, True), (False, False),
                                           (True, False)])
 def test_extend_matches_forward_at_every_position(scan, stacked):
@@ -90,6 +92,7 @@ def test_extend_matches_forward_at_every_position(scan, stacked):
     np.testing.assert_array_equal(cache.valid[:, :T], valid)
 
 
+@pytest.mark.slow  # ~21 s in the full suite on 2 busy cores
 def test_prefill_equals_extend_on_an_empty_cache():
     cfg = FULL
     params = _random_params(cfg)
@@ -133,6 +136,7 @@ def test_sampler_prefill_does_not_materialize_prompt_logits():
     assert compiled.memory_analysis().temp_size_in_bytes < full_logits / 8
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("scan", [True, False])
 def test_fp8_cache_stays_close_to_the_full_precision_one(scan):
     cfg = dataclasses.replace(TINY, num_layers=3)
@@ -152,6 +156,7 @@ def test_fp8_cache_stays_close_to_the_full_precision_one(scan):
     assert 0 < delta[np.asarray(mask)].mean() < 0.1
 
 
+@pytest.mark.slow  # ~12 s in the full suite on 2 busy cores
 def test_scanned_and_unrolled_steps_agree():
     cfg = dataclasses.replace(FULL, num_layers=5)
     params = _random_params(cfg)

@@ -6,6 +6,7 @@ tests/test_multihost.py."""
 
 from __future__ import annotations
 
+import pytest
 from _tiny import TINY_RUN
 
 from ais_jax.config.load import load_config
@@ -16,6 +17,7 @@ from ais_jax.training.build import build_run
 from ais_jax.training.evaluation_rows import evaluate_rows
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_rows_evaluation_equals_the_one_process_evaluation(tmp_path, monkeypatch):
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path}", *TINY_RUN,
                                             "eval.num_samples=3", "task.eval_size=10"])

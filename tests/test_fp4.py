@@ -154,6 +154,7 @@ def test_property_unpack_inverts_pack(codes):
     np.testing.assert_array_equal(np.asarray(back).view(np.uint8), codes)
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_quantized_values_are_the_unpacked_cast(fmt):
     # The packed copy holds exactly the E2M1 values the unpacked code stored.
@@ -170,6 +171,7 @@ def test_quantized_values_are_the_unpacked_cast(fmt):
                                       _np(fp4.block_qdot(xa, w_old)))
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_bytes_per_weight_measured_from_the_arrays():
     w = jnp.asarray(np.random.default_rng(0).standard_normal((2, 64, 128)), jnp.float32)
     nv, mx = fp4.quantize_blocks(w, "nvfp4"), fp4.quantize_blocks(w, "mxfp4")
@@ -200,6 +202,7 @@ def _unpacked_quantize(x, fmt):
     return _Unpacked(value=q.value, scale=q.scale, tensor_scale=q.tensor_scale, fmt=q.fmt)
 
 
+@pytest.mark.slow  # ~12 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_sampler_on_packed_copy_equals_unpacked_math(fmt):
     from ais_jax.rollout import sampler
@@ -235,6 +238,7 @@ def _half_step(v: np.ndarray) -> np.ndarray:
     return np.where(v < 2, 0.25, np.where(v < 4, 0.5, 1.0))
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 @settings(max_examples=40, deadline=None)
 @given(fmt=st.sampled_from(FORMATS), seed=st.integers(0, 2**31 - 1),
        log_mag=st.floats(-20, 20), heavy=st.booleans())
@@ -337,6 +341,7 @@ def _dequantized(r: dict) -> dict:
                         r, is_leaf=lambda x: isinstance(x, fp4.BlockQuantArray))
 
 
+@pytest.mark.slow  # ~21 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_ar_rollout_forward(fmt):
     toks = jax.random.randint(jax.random.key(1), (2, 9), 0, AR.vocab_size)
@@ -358,6 +363,7 @@ def test_ar_rollout_forward(fmt):
     assert err8 < err < 0.5, (fmt, err8, err)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_llada_rollout_forward(fmt):
     params = llada_init(jax.random.key(0), LLADA)

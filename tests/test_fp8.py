@@ -43,6 +43,7 @@ def test_round_trip_error_normal_data():
     assert rel < rel5 < 0.08  # 2 mantissa bits: coarser than E4M3
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_huge_and_zero_inputs():
     x = jnp.array([1e30, -3e29, 1.0, 0.0, 1e-30])
     q = fp8.quantize(x)
@@ -74,6 +75,7 @@ def _ref_qdot(x, w_q, per_token):
     return xd @ wd.T
 
 
+@pytest.mark.slow  # ~8 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("act", ["tensor", "token"])
 @pytest.mark.parametrize("wscale", ["tensor", "channel"])
 def test_qdot_matches_float64_reference(act, wscale):
@@ -87,6 +89,7 @@ def test_qdot_matches_float64_reference(act, wscale):
                                atol=2e-5)
 
 
+@pytest.mark.slow  # ~11 s in the full suite on 2 busy cores
 def test_token_scaling_decouples_rows_tensor_scaling_does_not():
     kx, kw = jax.random.split(jax.random.key(3))
     x = jax.random.normal(kx, (4, 32)).at[0].mul(50.0)  # one loud row
@@ -101,6 +104,7 @@ def test_token_scaling_decouples_rows_tensor_scaling_does_not():
         assert (rel < 1e-6) == independent, (act, rel)
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_fp8_matmul_error_vs_full_precision():
     kx, kw = jax.random.split(jax.random.key(4))
     x, w = jax.random.normal(kx, (64, 256)), jax.random.normal(kw, (128, 256))
@@ -110,6 +114,7 @@ def test_fp8_matmul_error_vs_full_precision():
     assert 0.005 < rel < 0.06, rel  # really quantized, but close
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_channel_scales_help_with_uneven_rows():
     w = jax.random.normal(jax.random.key(5), (32, 64)) * jnp.logspace(-6, 0, 32)[:, None]
     err = {}
@@ -119,6 +124,7 @@ def test_channel_scales_help_with_uneven_rows():
     assert err["channel"] < err["tensor"]
 
 
+@pytest.mark.slow  # ~8 s in the full suite on 2 busy cores
 def test_to_rollout_params():
     cfg = ModelConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=True)
@@ -146,6 +152,7 @@ def test_bad_options():
         fp8.quantize_weight(jnp.ones((3, 3)), weight_scaling="block")
 
 
+@pytest.mark.slow  # ~17 s in the full suite on 2 busy cores
 def test_fp8_logprobs_do_not_depend_on_left_padding():
     # Per-tensor activation scales are taken over the real tokens only: five
     # left pads (of the token with the largest embedding) change nothing.

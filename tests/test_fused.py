@@ -40,6 +40,7 @@ def _params(cfg=CFG, seed=0):
     return p
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_fused_structure_shapes_and_per_row_scales():
     q = fp8.to_rollout_params(_params())
     f = fused.fuse_linears(q)
@@ -64,6 +65,7 @@ def test_fused_structure_shapes_and_per_row_scales():
     assert fp8.tree_nbytes(f) == fp8.tree_nbytes(q) + 4 * L * (QH + 2 * KH + 2 * F - 5)
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_biases_fuse_in_order():
     p = _params(BIASED)
     f = fused.fuse_linears(p)["layers"]
@@ -74,6 +76,7 @@ def test_biases_fuse_in_order():
     assert "bo" in f and "b_down" in f  # the unfused linears keep their biases
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("cfg,kind", [
     (CFG, "f32"), (CFG, "bf16"), (BIASED, "f32"), (CFG, "e4m3"), (CFG, "e4m3_token"),
     (CFG, "e4m3_channel"), (BIASED, "e5m2"),
@@ -94,6 +97,7 @@ def test_forward_matches_unfused(cfg, kind):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=tol, rtol=tol)
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("kind", ["f32", "e4m3", "e4m3_kv"])
 def test_sampler_tokens_and_logp_match_unfused(kind):
     p = _params()

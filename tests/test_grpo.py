@@ -23,6 +23,7 @@ def test_group_advantages_known_answer():
                                                                 scale=False)), [[-1.0, 1.0]])
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_equal_rewards_give_exactly_zero_advantage():
     r = jnp.array([[0.1, 0.1, 0.1], [7.3, 7.3, 7.3], [0.0, 0.0, 0.0]])
     a = grpo.group_advantages(r)
@@ -72,6 +73,7 @@ def _np_loss_and_grad(ln, lo, adv, mask, lref, beta, eps_lo, eps_hi, agg, normal
     return per.sum() / (per.shape[0] * norm), dper / (per.shape[0] * norm)
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "constant"])
 @pytest.mark.parametrize("with_kl", [False, True])
 def test_loss_and_grad_match_numpy(agg, with_kl):
@@ -97,6 +99,7 @@ def test_loss_and_grad_match_numpy(agg, with_kl):
     np.testing.assert_allclose(np.asarray(g), ref_g, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_loss_metrics_and_bad_aggregation():
     ln = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
     loss, m = grpo.grpo_loss(ln, jnp.zeros((1, 3)), jnp.ones((1, 3)), jnp.ones((1, 3)))
@@ -121,6 +124,7 @@ def _batch(key, B=4, P=3, N=5):
     return prompt, pmask, toks
 
 
+@pytest.mark.slow  # ~11 s in the full suite on 2 busy cores
 def test_sequence_logprobs_matches_manual_forward():
     params = init_params(jax.random.key(0), CFG)
     prompt, pmask, toks = _batch(jax.random.key(1))
@@ -152,6 +156,7 @@ def _update_setup(adv_value):
     return params, batch, opt, step, logp_old
 
 
+@pytest.mark.slow  # ~17 s in the full suite on 2 busy cores
 def test_update_raises_logp_of_positive_advantage_tokens():
     params, batch, opt, step, logp_old = _update_setup(1.0)
     state = optim.init_train_state(params, opt)
@@ -184,6 +189,7 @@ def test_nonfinite_step_is_skipped_bit_identically(poison):
     assert float(m["skipped"]) == 0.0 and int(after.skipped) == 1
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_optimizer_without_clipping_is_plain_adamw():
     opt = optim.make_optimizer(0.1, clip_norm=None)
     p = {"w": jnp.ones(3)}

@@ -18,6 +18,7 @@ from ais_jax.method import grpo
 from ais_jax.method.corrections import k3
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("d", [1e-4, 1e-3, -1e-3, 5e-3])
 def test_k3_kl_keeps_relative_accuracy_at_small_gaps(d):
     # exp(d) - d - 1 in float32 gave 0.0 at d = 1e-4 and 4.77e-7 at 1e-3.

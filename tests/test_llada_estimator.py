@@ -32,6 +32,7 @@ def fp8_vs_bf16(params: dict, key: jax.Array) -> tuple[float, float]:
     return mismatch_stats(lp_fp8, lp_bf16)
 
 
+@pytest.mark.slow  # ~11 s in the full suite on 2 busy cores
 def test_p_mask_zero_is_one_forward_on_masked_completion():
     lp = completion_logprobs(PARAMS, CFG, PROMPT, COMPLETION, jax.random.key(1), p_mask=0.0)
     seq = jnp.concatenate([PROMPT, jnp.full(COMPLETION.shape, CFG.mask_token_id)], 1)
@@ -41,6 +42,7 @@ def test_p_mask_zero_is_one_forward_on_masked_completion():
     np.testing.assert_allclose(np.asarray(lp), np.asarray(want), atol=1e-5)
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_mask_rate_and_padding():
     valid = jnp.arange(24)[None] >= 4
     valid = jnp.broadcast_to(valid, PROMPT.shape)
@@ -51,6 +53,7 @@ def test_mask_rate_and_padding():
     assert bool((masked_prompt == CFG.mask_token_id)[masked].all())
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_same_key_same_mask_for_fp8_and_bf16():
     bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), PARAMS)
     q = to_rollout_params(bf16)

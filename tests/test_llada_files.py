@@ -140,6 +140,7 @@ def test_missing_or_malformed_config(tmp_path):
     assert "config.json not found" in _one_line(e)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_training_cli_refuses_a_nan_checkpoint_in_one_line(tmp_path):
     d = _ckpt(tmp_path)
     _set(d, Q1, np.nan)

@@ -86,6 +86,7 @@ def _check_parity(path: str, seed: int = 0) -> None:
     assert err < 1e-4, err
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_parity_hand_built_checkpoint(tmp_path):
     """A checkpoint written with numpy + safetensors only (GQA, padded embedding, untied)."""
     rng = np.random.default_rng(1)
@@ -114,6 +115,7 @@ def test_parity_hand_built_checkpoint(tmp_path):
     assert (cfg.vocab_size, cfg.text_vocab_size, cfg.intermediate_size) == (V, 70, F)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("tied", [False, True])
 def test_parity_saved_and_round_trip(tmp_path, tied):
     import dataclasses
@@ -130,6 +132,7 @@ def test_parity_saved_and_round_trip(tmp_path, tied):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 def test_padding_does_not_change_real_logits():
     params = init_params(jax.random.key(0), CFG)
     toks = jax.random.randint(jax.random.key(1), (1, 6), 0, 60)
@@ -140,6 +143,7 @@ def test_padding_does_not_change_real_logits():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+@pytest.mark.slow  # ~11 s in the full suite on 2 busy cores
 def test_fp8_rollout_copy():
     params = init_params(jax.random.key(0), CFG)
     q = to_rollout_params(params)

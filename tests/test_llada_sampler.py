@@ -91,6 +91,7 @@ def test_schedule_remainder_to_first_steps():
     assert transfer_schedule(8, 8).tolist() == [1] * 8
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_greedy_logprobs_are_model_logprobs():
     out = generate(PARAMS, CFG, jnp.asarray(PROMPT), jax.random.key(4), gen_length=4,
                    block_length=4, steps=1)  # one step: all revealed from the all-mask input
@@ -121,6 +122,7 @@ def test_bad_arguments(kw):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_fp8_params_sample():
     from ais_jax.models.llada.model import to_rollout_params
 

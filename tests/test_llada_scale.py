@@ -75,6 +75,7 @@ def plain():
     return _value_and_grad(remat="none", chunk=0)
 
 
+@pytest.mark.slow  # ~14 s in the full suite on 2 busy cores
 def test_unchunked_estimate_equals_the_whole_sequence_forward(plain):
     masked, pm, completion, _ = _inputs()
     seq = jnp.concatenate([masked, jnp.full((B, N), LCFG.mask_token_id, jnp.int32)], 1)
@@ -85,6 +86,7 @@ def test_unchunked_estimate_equals_the_whole_sequence_forward(plain):
     assert float(jnp.std(want)) > 0.1  # peaked enough for the comparisons to mean something
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("remat", ["full", "dots"])
 def test_remat_keeps_log_probs_and_gradients(plain, remat):
     lp, g = _value_and_grad(remat=remat, chunk=0)

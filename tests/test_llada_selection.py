@@ -35,6 +35,7 @@ def _enumerate(raw, z, k):
     return out
 
 
+@pytest.mark.slow  # ~21 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
 def test_outcome_probabilities_equal_enumeration(k, tied):
@@ -57,6 +58,7 @@ def test_outcome_probabilities_equal_enumeration(k, tied):
     np.testing.assert_allclose(got, [want[o] for o in outcomes], rtol=2e-5, atol=1e-9)
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_nothing_revealed_or_nothing_left_is_zero_and_no_room_is_minus_inf():
     raw, z = _logprobs(np.random.default_rng(0).normal(size=(N, V)))
     raw3, z3 = jnp.asarray(raw)[None], jnp.asarray(z)[None]
@@ -80,6 +82,7 @@ def test_nothing_revealed_or_nothing_left_is_zero_and_no_room_is_minus_inf():
     assert got == -np.inf
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_masked_logsumexp_is_stable_and_has_finite_gradients():
     x = jnp.asarray([[-200.0, -201.0, 0.0], [1.0, 2.0, 3.0]])
     keep = jnp.asarray([[True, True, False], [False, False, False]])

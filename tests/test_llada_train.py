@@ -51,6 +51,7 @@ def _sft_inputs():
     return jnp.asarray(tokens), jnp.asarray(lm)
 
 
+@pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
 def test_sft_loss_matches_a_numpy_reference():
     """LLaDA eq. 5 recomputed from the documented draws: t ~ U(T_MIN, 1] per row, masks
     u < t on response positions, CE / t summed per row over masked positions, / N, mean."""
@@ -86,6 +87,7 @@ def _batch(precision: str = "fp8", inner: int = 2, mode: str = "ais", **over):
     return cfg, _BATCHES[precision, inner]
 
 
+@pytest.mark.slow  # ~27 s in the full suite on 2 busy cores
 def test_rollout_and_trainer_estimates_share_masks():
     # BF16 rollout copy == BF16 trainer: identical params and masks give identical estimates.
     cfg, batch = _batch("bf16", inner=3)
@@ -106,6 +108,7 @@ def test_rollout_and_trainer_estimates_share_masks():
     assert 0 < d.mean() < 0.5
 
 
+@pytest.mark.slow  # ~33 s in the full suite on 2 busy cores
 def test_update_gradient_equals_a_reference_loss():
     """One inner iteration, mode none, SGD lr 1: the param change is minus the gradient of
     -sum_kept(A * exp(logp - logp_old)) / kept under the batch's mask key (ratio 1 at the
@@ -138,6 +141,7 @@ def test_update_gradient_equals_a_reference_loss():
 # One token-level, one sequence-level and the adaptive mode: the update calls the same
 # `correction_weights` for every mode (tests/test_corrections.py covers each mode's formula);
 # each mode compiles its own update (~5-15 s on 2 cores), hence three, not seven.
+@pytest.mark.slow  # ~19 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("mode", ["tis", "seq_mask", "ais"])
 def test_correction_modes_update_with_fp8_rollouts(mode):
     cfg, batch = _batch("fp8", inner=2, mode=mode)
@@ -239,6 +243,7 @@ def _char_llada_dir(tmp_path) -> str:
     return d
 
 
+@pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
 def test_mismatch_cli_on_a_llada_checkpoint(tmp_path, capsys):
     from ais_jax.run import mismatch
 
@@ -258,6 +263,7 @@ def test_mismatch_cli_on_a_llada_checkpoint(tmp_path, capsys):
     assert rc == 2 and "block_length (3) must divide" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~21 s in the full suite on 2 busy cores
 def test_kl_to_the_reference_uses_the_same_masks():
     """beta_kl > 0: the reference's estimate shares each iteration's mask, so with the
     reference = the rollout's params the k3 KL is exactly 0 at the first inner iteration

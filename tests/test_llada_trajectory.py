@@ -67,6 +67,7 @@ def _complete(out):
     return np.asarray(out.logprobs) + np.asarray(out.select_logprobs)
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("n,block,steps,temperature,remasking", [
     (8, 4, 4, 1.0, "low_confidence"),  # 2 of 4, then 2 of 2 masked positions per block
     (8, 8, 4, 0.7, "low_confidence"),  # 2 of 8, 6, 4, 2
@@ -99,6 +100,7 @@ def test_fp8_replay_reproduces_the_sampler_records(n, block, steps, temperature,
                                _complete(out), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_same_weights_give_ratio_one_and_fp8_does_not():
     out = _sample("f32", 8, 4, 4, 1.0)
     np.testing.assert_allclose(_replay("f32", out, 4, 1.0), _complete(out), rtol=0, atol=1e-5)
@@ -120,6 +122,7 @@ def _log_softmax(x):
     return x - (np.log(np.sum(np.exp(x - x.max()))) + x.max())
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_a_token_depends_on_earlier_revealed_tokens_only():
     """Known answer: position 0 is revealed at step 2, after positions 1 (step 0) and 3
     (step 1), before position 2 (step 3); its log-prob is log_softmax(logits / T) on the
@@ -204,6 +207,7 @@ def _batch():
     return _ROLLOUT["b"]
 
 
+@pytest.mark.slow  # ~12 s in the full suite on 2 busy cores
 def test_rollout_records_the_trajectory_and_score_replays_it():
     batch = _batch()
     assert batch.traj_logp.shape == batch.reveal_step.shape == batch.tokens.shape == (8, 8)

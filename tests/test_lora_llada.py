@@ -72,6 +72,7 @@ def test_llada_lora_starts_as_the_base_and_trains_only_the_adapters(tmp_path):
                                                                             r.lora.cfg)
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_llada_peft_round_trip_uses_llada_module_names(tmp_path):
     cfg = llada.LLaDAConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_layers=2,
                             num_heads=2, num_kv_heads=1, mask_token_id=23, text_vocab_size=23,

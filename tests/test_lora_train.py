@@ -62,6 +62,7 @@ def test_lora_grpo_frozen_base_and_step0_identity(tmp_path):
     assert not (set(opt) & base_shapes)
 
 
+@pytest.mark.slow  # ~13 s in the full suite on 2 busy cores
 def test_lora_cli_exports_peft_adapter_and_merged_model(tmp_path, capsys):
     from ais_jax import load_pretrained
 
@@ -147,6 +148,7 @@ def _rslora_adapter(tmp_path):
     return tmp_path / "rs", a
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_rslora_adapter_needs_lora_rslora_and_the_line_names_it(tmp_path, capsys):
     path, _ = _rslora_adapter(tmp_path)
     line = _error([f"out_dir={tmp_path / 'run'}", *TINY_RUN, *LORA, f"model.adapter={path}"],
@@ -267,6 +269,7 @@ def test_lora_dropout_in_0_1_is_accepted():
         assert single_forward(cfg) == (p == 0)
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_dropout_keys_are_fresh_per_step_and_micro_batch():
     """Known answer of `apply_update`'s dropout keys: loss = sum(w * u(key) * x) with u the
     uniform draw of the key it is given; with SGD(1) the step is minus sum_i u(k_i) x_i over

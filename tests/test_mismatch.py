@@ -12,6 +12,7 @@ import pytest
 from ais_jax.run import mismatch
 
 
+@pytest.mark.slow  # ~11 s in the full suite on 2 busy cores
 def test_random_tiny_run_prints_table_and_json(tmp_path, capsys):
     out = tmp_path / "m.json"
     rc = mismatch.main(["--model", "random:tiny", "--num-prompts", "3", "--samples", "2",
@@ -31,6 +32,7 @@ def test_random_tiny_run_prints_table_and_json(tmp_path, capsys):
         <= arm["abs_delta_max"]
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 def test_scratch_export_with_char_tokenizer_loads(tmp_path, capsys):
     """A policy exported by a scratch run (HF weights + char_tokenizer.json) is a valid --model,
     and its prompts are encoded with the character tokenizer it was trained with."""

@@ -159,6 +159,7 @@ def test_rope_inv_freq_known_answers():
                                rtol=1e-6)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_apply_rope_rotates_by_relative_position():
     inv = model.rope_inv_freq(TINY)
     q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, TINY.head_dim))
@@ -170,6 +171,7 @@ def test_apply_rope_rotates_by_relative_position():
     assert dot(5, 2) != pytest.approx(dot(5, 3), rel=1e-2)
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_forward_is_causal_and_padding_invariant():
     params = _random_params(FULL)
     tokens, _ = _left_padded(FULL, 1, 8, [0])
@@ -184,6 +186,7 @@ def test_forward_is_causal_and_padding_invariant():
     np.testing.assert_allclose(out[:, 3:], full, atol=1e-5)
 
 
+@pytest.mark.slow  # ~13 s in the full suite on 2 busy cores
 def test_fp8_rollout_params_halve_weight_bytes_and_stay_close():
     cfg = dataclasses.replace(TINY, hidden_size=64, intermediate_size=128, head_dim=16)
     params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), _random_params(cfg))

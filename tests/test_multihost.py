@@ -83,6 +83,7 @@ def _assert_one_line_exit_2(out, elapsed, *, contains: str) -> None:
     return lines
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_busy_lock_fails_on_both_processes(tmp_path):
     # process 0 takes the lock for all: a live holder (this test process) makes both exit 2
     d = tmp_path / "run"
@@ -95,6 +96,7 @@ def test_busy_lock_fails_on_both_processes(tmp_path):
     assert (d / "run.lock").exists()  # the holder's lock is left alone
 
 
+@pytest.mark.slow  # ~8 s in the full suite on 2 busy cores
 def test_out_dir_not_shared_fails_on_both_processes(tmp_path):
     # host-local disks, simulated: each process is given its own directory
     dirs = [tmp_path / "host0", tmp_path / "host1"]
@@ -105,6 +107,7 @@ def test_out_dir_not_shared_fails_on_both_processes(tmp_path):
     assert not (dirs[0] / "checkpoints").exists()
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_mesh_without_every_device_fails_on_both_processes(tmp_path):
     # the default mesh (1 device) left process 1 without a shard: make_array_from_callback
     # failed there and process 0 waited in a collective (both killed by a timeout)

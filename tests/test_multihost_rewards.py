@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_multihost import MIN, REWARD_FN, _error_lines, _pair
 
 # 4 prompts x 2 samples = 8 rows on fsdp=4: rows 0-3 on process 0's devices, 4-7 on process 1's
 FOUR = [*MIN, "mesh.data=1", "mesh.fsdp=4", "rollout.prompts_per_step=4"]
 
 
+@pytest.mark.slow  # ~21 s in the full suite on 2 busy cores
 def test_a_reward_that_fails_on_one_process_stops_both(tmp_path):
     # A reward function that raises on process 1 only must not leave process 0 waiting for
     # process 1's rewards: both exit 2 with process 1's line.
@@ -28,6 +30,7 @@ def test_a_reward_that_fails_on_one_process_stops_both(tmp_path):
     assert "process 1: " in lines[0] and "this host cannot score" in lines[0], lines[0]
 
 
+@pytest.mark.slow  # ~56 s in the full suite on 2 busy cores
 def test_a_process_killed_mid_run_stops_the_survivor_with_one_line(tmp_path, monkeypatch):
     # Process 1 is SIGKILLed while scoring step 2 (after checkpoint 1): process 0 waits for
     # its rows in the all-gather, and must end at once with one line, not hang or abort with

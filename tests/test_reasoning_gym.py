@@ -74,6 +74,7 @@ def _cli(out_dir, *extra):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
 
 
+@pytest.mark.slow  # ~19 s in the full suite on 2 busy cores
 def test_cli_two_steps_on_a_reasoning_gym_task_by_name(tmp_path):
     res = _cli(tmp_path, "task.name=reasoning_gym:basic_arithmetic", "train.steps=2",
                "task.difficulty={max_terms: 2, max_digits: 1}")

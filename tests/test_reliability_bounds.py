@@ -431,6 +431,7 @@ def test_row12_dataset_answer_beyond_float64_names_the_line(tmp_path):
         load_rows(str(data))
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_row12_mismatch_binary_prompts_file_names_it(tmp_path):
     data = tmp_path / "p.txt"
     data.write_bytes(b"\x00\x01\xff\xfe binary")
@@ -461,6 +462,7 @@ def test_row12_overwrite_after_an_override(tmp_path):
 # ----------------------------------------------------------------------------- row 13
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_row13_reward_calling_os_exit_is_reported(tmp_path):
     rw = tmp_path / "rw.py"
     rw.write_text("import os\ndef fn(c, p, row):\n    os._exit(0)\n")
@@ -509,6 +511,7 @@ def test_row14_zero_size_inputs_give_alpha_0_weights_1(shape):
         assert stats["num_valid"] == 0.0, mode
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_row14_all_masked_gives_alpha_0_weights_1():
     import jax.numpy as jnp
     import numpy as np

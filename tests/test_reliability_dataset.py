@@ -155,6 +155,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("name,text,needle", [
     ("bad.csv", "prompt,answer\n1+1,2\n2+2,4,5\n3+3,6\n",
      "bad.csv:3: 3 fields, but the header has 2"),

@@ -179,6 +179,7 @@ def hf_dir(tmp_path):
     return tmp_path / "hf"
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_heads_0_in_config_json(hf_dir):
     config = json.loads((hf_dir / "config.json").read_text())
     del config["head_dim"]

@@ -49,6 +49,7 @@ def _one_error_line(cap):
 # ------------------------------------------------------------------ 1. stale results
 
 
+@pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
 def test_rerun_finishes_an_export_that_failed_instead_of_reporting_old_results(
         tmp_path, capsys, monkeypatch, tiny_run):
     """Finding 1: a run extended to step 4 whose final export failed (checkpoint 4 saved,
@@ -310,6 +311,7 @@ def test_user_reward_code_is_bounded_and_reported(tmp_path, capsys, body, extra,
     assert time.monotonic() - t0 < 300
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_slow_reward_prints_progress(tmp_path, capsys, monkeypatch):
     from ais_jax.tasks import user_rewards
 

@@ -209,6 +209,7 @@ def signal_ref(tmp_path_factory):
     return train.run(load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *SIGNAL_ARGS]))
 
 
+@pytest.mark.slow  # ~14 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_checkpoints_exits_128_plus_signum_and_resumes_identically(signum, tmp_path,
                                                                           signal_ref):

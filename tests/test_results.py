@@ -25,6 +25,7 @@ def _common():
     return _experiment("common")
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_results_md_regenerates_from_logs(tmp_path):
     compare = _compare()
     if not os.path.isdir(compare.LOGS):

@@ -152,6 +152,7 @@ def test_trace_is_stopped_when_a_step_fails(tmp_path, capsys):
     assert not prof.done and "no trace written" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
 def test_profiled_cli_run_writes_a_trace_and_the_cache(tmp_path, capsys):
     out, cache = tmp_path / "run", tmp_path / "cache"
     code = train.main([f"out_dir={out}", *TINY, "train.steps=3", "runtime.profile_steps=1",

@@ -137,6 +137,7 @@ def test_truncate_logits_known_values():
 BASE = {"max_new_tokens": 12, "temperature": 0.7, "num_samples": 2, "decode_segments": 3}
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_logp_matches_full_forward_rescore():
     out = sample(PARAMS, TOKENS, MASK, jax.random.key(0), CFG, **BASE)
     assert out.tokens.shape == out.mask.shape == out.logp.shape == (8, 12)
@@ -147,6 +148,7 @@ def test_logp_matches_full_forward_rescore():
     assert float(jnp.std(out.logp)) > 0.1  # not a degenerate uniform model
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("k,p", [(4, 1.0), (0, 0.8)])
 def test_logp_under_truncation_matches_rescore(k, p):
     out = sample(PARAMS, TOKENS, MASK, jax.random.key(1), CFG, max_new_tokens=8,
@@ -170,6 +172,7 @@ def test_greedy_is_argmax_and_logp_at_temperature_one():
     np.testing.assert_allclose(out.logp, ref, atol=1e-4)
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("T", [1e-20, 1e-30, distributions.MIN_TEMPERATURE])
 def test_tiny_temperature_keeps_tokens_in_vocab_and_logp_finite(T):
     # logits / T overflows float32 here; the row-max shift keeps it exact.
@@ -188,6 +191,7 @@ def test_tiny_temperature_keeps_tokens_in_vocab_and_logp_finite(T):
     np.testing.assert_allclose(np.asarray(ref)[is_max], 0.0, atol=1e-6)
 
 
+@pytest.mark.slow  # ~4 s in the full suite on 2 busy cores
 def test_tiny_temperature_sampler_and_scorer_agree_and_floor_is_enforced():
     logits = jax.random.normal(jax.random.key(5), (64, 50)) * 30.0
     for T in (1e-3, 1e-20, 1e-30):
@@ -279,6 +283,7 @@ def test_loop_exits_early_once_every_row_is_done(monkeypatch):
     np.testing.assert_array_equal(out.tokens[:, :last + 1], greedy[:, :last + 1])
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_group_sampling_shares_the_prefill_and_equals_repeated_prompts():
     G = BASE["num_samples"]
     key = jax.random.key(11)
@@ -319,6 +324,7 @@ def test_no_recompilation_for_the_same_shapes():
     assert sampler._sample_jit._cache_size() == before
 
 
+@pytest.mark.slow  # ~13 s in the full suite on 2 busy cores
 def test_fp8_rollout_params_and_kv_cache():
     """FP8 weights with per-token activation scales: sampler and forward see the same FP8 math."""
     rollout = fp8.to_rollout_params(PARAMS, act_scaling="token", quantize_lm_head=True)
@@ -335,6 +341,7 @@ def test_fp8_rollout_params_and_kv_cache():
     assert 0 < d < 0.5  # quantized sampler vs full-precision scorer: close, not equal
 
 
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_bf16_params():
     p16 = _params(jnp.bfloat16)
     out = sample(p16, TOKENS, MASK, jax.random.key(0), CFG, max_new_tokens=6,
@@ -357,6 +364,7 @@ def test_default_segment_plan_bounds_count_and_slack():
     assert attended / filled < 1 + 1 / 16
 
 
+@pytest.mark.slow  # ~28 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_scanned_layers_match_unrolled_and_the_full_forward(dtype):
     """The layer scan changes no token; its log-probs equal the trainer's re-score."""

@@ -50,6 +50,7 @@ def _plain_logprobs(params, prompt, pmask, toks, temperature=1.0, top_k=0, top_p
     return token_logprobs(logits, toks, temperature, top_k, top_p)
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("chunk", [0, 1, 3, 7, 64])
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
 def test_chunked_logprobs_equal_plain_path(chunk, remat):
@@ -82,6 +83,7 @@ def _plain_loss(params, gb, loss_cfg):
     return grpo.grpo_loss(ln, gb.logp_old, gb.advantages, gb.mask, gb.logp_ref, loss_cfg)
 
 
+@pytest.mark.slow  # ~18 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "constant"])
 @pytest.mark.parametrize("micro", [1, 2, 3, 6])
 def test_loss_and_grads_with_remat_chunks_and_accumulation_equal_plain(aggregation, micro):
@@ -107,6 +109,7 @@ def test_loss_and_grads_with_remat_chunks_and_accumulation_equal_plain(aggregati
                                    atol=1e-5 * float(jnp.max(jnp.abs(b))) + 1e-9)
 
 
+@pytest.mark.slow  # ~8 s in the full suite on 2 busy cores
 def test_sft_loss_chunked_and_rematerialized_equals_plain():
     params, prompt, _, toks = _batch(4)
     seq = jnp.concatenate([prompt, toks], 1)
@@ -217,6 +220,7 @@ print(json.dumps(shapes))
 """
 
 
+@pytest.mark.slow  # ~19 s in the full suite on 2 busy cores
 def test_update_never_all_reduces_logits_on_an_fsdp_mesh():
     # Rows pinned to the batch axes: each device scores its own rows against
     # gathered weights, so no [rows, time, vocab] partial sums are all-reduced.
@@ -273,6 +277,7 @@ print(json.dumps({"gathers": gathers, "loss": [float(l0), float(l1)], "grad_err"
 """
 
 
+@pytest.mark.slow  # ~18 s in the full suite on 2 busy cores
 def test_untied_head_runs_vocab_parallel_on_an_fsdp_mesh():
     # The head's weight stays sharded on its vocabulary: rows are gathered, the
     # weight never is, its gradient stays on its shard, and the numbers equal

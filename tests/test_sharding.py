@@ -120,6 +120,7 @@ def test_mismatched_leaves_and_partition_specs():
     assert out["count"].spec == PartitionSpec()
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 def test_opt_state_shardings_place_and_update_on_four_devices():
     """Real (simulated) devices: the shardings place the state and serve a jitted update."""
     code = textwrap.dedent("""

@@ -143,6 +143,7 @@ def test_impossible_staleness_is_refused_with_one_line(extra, message, tmp_path)
         load_config(path, [f"out_dir={tmp_path}", "train.steps=4", *extra])
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_split_mismatch_separates_quantization_from_staleness(tmp_path):
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path / 'run'}", *ARGS,
                                             "train.steps=3", "rollout.staleness=1",

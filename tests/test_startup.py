@@ -83,6 +83,7 @@ def test_startup_never_holds_a_sharded_leaf_whole_on_one_device(hf_dir, llada_di
         assert r["step"] == 0
 
 
+@pytest.mark.slow  # ~11 s in the full suite on 2 busy cores
 def test_sharded_load_reads_the_same_weights_as_the_whole_load(tmp_path):
     """`load_pretrained(shardings=...)` gives the whole load's values in the given layout,
     and each shard callback reads only its slice (the callback sees shard-sized indices)."""

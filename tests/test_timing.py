@@ -144,6 +144,7 @@ def _metrics(out_dir):
         return [json.loads(line) for line in f]  # every line must parse
 
 
+@pytest.mark.slow  # ~10 s in the full suite on 2 busy cores
 def test_cli_run_writes_timing_metrics_and_log_timing_false_omits_them(tmp_path):
     base = [*TINY_RUN, "train.steps=2", "checkpoint.every=0"]
     on, off = str(tmp_path / "on"), str(tmp_path / "off")
@@ -170,6 +171,7 @@ def test_cli_run_writes_timing_metrics_and_log_timing_false_omits_them(tmp_path)
     assert set(rows[0]) - set(rows_off[0]) == set(fl.TIMING_KEYS) - {"perf/mfu"}
 
 
+@pytest.mark.slow  # ~16 s in the full suite on 2 busy cores
 def test_llada_run_writes_timing_metrics(tmp_path):
     # The diffusion family runs the same RL step with its own programs (the settings of
     # tests/test_llada_train.py's CLI run, so a warm compilation cache serves both).

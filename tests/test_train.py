@@ -105,6 +105,7 @@ def reference_run(tiny_run):
     return tiny_run
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_run_learns_nothing_is_recompiled(reference_run):
     out, result = reference_run
     # One epoch, one minibatch: the update takes logp_old from its own forward, so no
@@ -138,6 +139,7 @@ def test_rng_stream_changes_the_rollouts_not_the_problems_or_evaluation(referenc
     assert [r["d_bar"] for r in a] != [r["d_bar"] for r in b]
 
 
+@pytest.mark.slow  # ~30 s in the full suite on 2 busy cores
 def test_sigkill_then_rerun_matches_uninterrupted(reference_run, tmp_path):
     ref_out, _ = reference_run
     args = ("train.steps=3", "checkpoint.every=1")
@@ -224,6 +226,7 @@ print("ok", jax.process_index())
 """
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_place_and_checkpoint_with_one_device_per_process(tmp_path):
     # jax.device_put onto a mesh spanning processes with one device each gave
     # arrays orbax could not save (jax 0.10.2); placement.place builds them instead.
@@ -240,6 +243,7 @@ def test_place_and_checkpoint_with_one_device_per_process(tmp_path):
         assert f"ok {i}" in out
 
 
+@pytest.mark.slow  # ~17 s in the full suite on 2 busy cores
 def test_nonfinite_update_is_skipped_and_counted():
     from ais_jax.models.model import ModelConfig, init_params
     from ais_jax.training.sharding import make_mesh
@@ -262,6 +266,7 @@ def test_nonfinite_update_is_skipped_and_counted():
         np.testing.assert_array_equal(a, np.asarray(b))
 
 
+@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
 def test_sft_warm_start_lowers_the_loss():
     from ais_jax.models.model import ModelConfig, init_params
 
@@ -287,6 +292,7 @@ def test_sft_warm_start_lowers_the_loss():
     assert float(loss) < 0.5 * first
 
 
+@pytest.mark.slow  # ~23 s in the full suite on 2 busy cores
 def test_kl_reference_topk_and_passk_with_resume(tmp_path):
     # eval.every=1 with sampled eval and TensorBoard on: the path of the default
     # config (a loop variable once shadowed the eval's sample count there).

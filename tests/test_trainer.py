@@ -45,6 +45,7 @@ def _run(cfg, params, batch, rewards, key, ref=None, **kw):
     return grads, {k: float(v) for k, v in mets.items()}
 
 
+@pytest.mark.slow  # ~22 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("overrides", [
     (), ("ais.mode=tis",), ("train.beta_kl=0.05",), ("train.loss_aggregation=constant",),
     ("rollout.top_k=5",)])
@@ -64,6 +65,7 @@ def test_single_forward_equals_two_passes(overrides):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6 * scale)
 
 
+@pytest.mark.slow  # ~16 s in the full suite on 2 busy cores
 def test_logp_old_from_the_score_program_equals_the_inline_one():
     cfg, params, batch, rewards, key = _setup(("train.minibatches=2", "train.epochs=2"))
     assert not trainer.single_forward(cfg)
@@ -88,6 +90,7 @@ def test_single_forward_needs_one_epoch_one_minibatch_no_accumulation():
         _run(cfg, params, batch, rewards, key, one_pass=True)
 
 
+@pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 def test_truncation_with_kl_skips_no_update_and_stays_finite():
     # Random tokens: most fall outside the trainer's top-5 set (trainer probability 0).
     cfg, params, batch, rewards, key = _setup(("rollout.top_k=5", "train.beta_kl=0.05",
@@ -105,6 +108,7 @@ def test_truncation_with_kl_skips_no_update_and_stays_finite():
     assert int(state.skipped) == 0
 
 
+@pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
 def test_arms_train_on_the_same_token_set_under_truncation():
     seen = {}
     for mode in ("none", "tis", "ais"):
@@ -119,6 +123,7 @@ def test_arms_train_on_the_same_token_set_under_truncation():
     assert seen["none"][0] == float(jnp.sum(batch.mask)) and seen["none"][2] == 0
 
 
+@pytest.mark.slow  # ~7 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("mode", ["token_mask", "seq_tis", "seq_mask", "geo_mask"])
 def test_peer_modes_run_through_the_update(mode):
     cfg, params, batch, rewards, key = _setup((f"ais.mode={mode}", "ais.C=2.0"))

@@ -53,6 +53,7 @@ def _fixed_step_reference(run):
     return params
 
 
+@pytest.mark.slow  # ~12 s in the full suite on 2 busy cores
 def test_stops_at_the_first_check_reaching_the_target(tiny_run):
     scripted = iter([0.1, 0.5, 0.9])  # steps 2, 4, 6: the check at step 4 reaches 0.5
     log = WarmStartLog()
