@@ -35,6 +35,9 @@ from prereg_tables import (  # noqa: E402
     per_seed,
     primary_table,
     signed,
+    window_header,
+    window_means,
+    window_row,
 )
 
 CONFIG = "configs/tiny_arithmetic.yaml"
@@ -106,7 +109,7 @@ def diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
 
 def windows(run: dict, key: str) -> list[float]:
     """Mean of the logged metric ``key`` over consecutive `WINDOW`-step windows of a run."""
-    return _common().window_means(run, key, WINDOW)
+    return window_means(run, key, WINDOW)
 
 
 def _mechanism(have: dict[str, dict]) -> list[str]:
@@ -115,17 +118,14 @@ def _mechanism(have: dict[str, dict]) -> list[str]:
     keys = (("d_bar", 4), ("ess_ratio", 4), ("alpha", 3), ("reward_mean", 3),
             ("mismatch/quant_d_bar", 4), ("mismatch/stale_d_bar", 4),
             ("mismatch/quant_ess", 4), ("mismatch/stale_ess", 4))
-    out = ["| arm | statistic | steps 1-20 -> ... -> 181-200 |", "|---|---|---|"]
+    out = window_header(WINDOW, STEPS)
     for arm in ARMS:
         runs = [have[f"async_{arm}_s{s}"] for s in SEEDS]
         for key, digits in keys:
             if (key == "alpha" and not arm.endswith("ais")) or (
                     key.startswith("mismatch/") and "log.split_mismatch=true" not in ARMS[arm]):
                 continue
-            per = [windows(r, key) for r in runs]
-            mean = [statistics.mean(w[i] for w in per) for i in range(len(per[0]))]
-            out.append(f"| {arm} | {key} | " + " -> ".join(f"{x:.{digits}f}" for x in mean)
-                       + " |")
+            out.append(window_row(arm, key, runs, key, WINDOW, digits))
     return out
 
 

@@ -194,13 +194,6 @@ def seed_diffs(have: dict[str, dict], prefix: str, arm: str, base: str, key: str
     return [after(arm, s) - after(base, s) for s in seeds]
 
 
-def window_means(run: dict, key: str, window: int) -> list[float]:
-    """Mean of the logged metric ``key`` over consecutive ``window``-step windows of a run
-    (the last window may be shorter)."""
-    xs = [r[key] for r in run["rows"]]
-    return [statistics.mean(xs[i:i + window]) for i in range(0, len(xs), window)]
-
-
 # ----------------------------------------------------------------------- logs
 
 

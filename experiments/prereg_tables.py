@@ -134,3 +134,25 @@ def arms_table(runs: dict[str, Sequence[dict]], after: Sequence[tuple[str, str]]
         wall = statistics.mean(r["meta"]["wall_s"] for r in rs)
         out.append(f"| {arm} | " + " | ".join(cells) + f" | {wall:.0f} |")
     return out
+
+
+def window_means(run: dict, key: str, window: int) -> list[float]:
+    """Mean of the logged metric ``key`` over consecutive ``window``-step windows of a run
+    (the last window may be shorter)."""
+    xs = [r[key] for r in run["rows"]]
+    return [statistics.mean(xs[i:i + window]) for i in range(0, len(xs), window)]
+
+
+def window_header(window: int, steps: int) -> list[str]:
+    """The header of a per-window table: ``| arm | statistic | steps 1-10 -> ... -> 51-60 |``."""
+    return [f"| arm | statistic | steps 1-{window} -> ... -> {steps - window + 1}-{steps} |",
+            "|---|---|---|"]
+
+
+def window_row(arm: str, label: str, runs: Sequence[dict], key: str, window: int,
+               digits: int) -> str:
+    """One row of a per-window table: the mean over ``runs`` (one per seed) of each window's
+    mean of ``key``, ``digits`` decimals, joined by arrows."""
+    per = [window_means(r, key, window) for r in runs]
+    mean = [statistics.mean(w[i] for w in per) for i in range(len(per[0]))]
+    return f"| {arm} | {label} | " + " -> ".join(f"{x:.{digits}f}" for x in mean) + " |"

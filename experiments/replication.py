@@ -26,6 +26,8 @@ from prereg_tables import (
     exploratory_table,
     noise_table,
     primary_table,
+    window_header,
+    window_row,
 )
 
 PREREG = "experiments/prereg/long_replication.md"
@@ -33,6 +35,7 @@ ARMS = tuple(long_arms.REP_ARMS)  # bf16 null none ais tis
 SEEDS = long_arms.REP_SEEDS
 HYPOTHESES = (("H1", "bf16", "none"), ("H2", "ais", "none"))
 EVAL_STEPS = (20, 40, 60)  # eval.every=20; step 80 is the final evaluation
+WINDOW = 20  # steps per window of the mechanism table
 
 
 def loaded() -> dict[str, dict]:
@@ -95,9 +98,25 @@ def _arms_table(have: dict[str, dict]) -> list[str]:
                        ("alpha", "alpha (mean)")))
 
 
-def _curves(have: dict[str, dict]) -> list[str]:
+def _curves(have: dict[str, dict], key: str = "sampled_accuracy") -> list[str]:
     runs = {arm: [have[f"rep_{arm}_s{s}"] for s in SEEDS] for arm in ARMS}
-    return curves_table(runs, "sampled_accuracy", EVAL_STEPS, 80)
+    return curves_table(runs, key, EVAL_STEPS, 80)
+
+
+def _mechanism(have: dict[str, dict]) -> list[str]:
+    """Secondary (pre-registered, descriptive): per 20-step window, mean over seeds, token ESS,
+    d_bar, the sequence log-ratio spread, the training reward, and alpha with its parts in the
+    AIS arm."""
+    keys = (("ess_ratio", "token ESS ratio", 4), ("d_bar", "d_bar", 4),
+            ("seq_log_ratio_std", "seq. log-ratio sd", 3), ("alpha", "alpha", 3),
+            ("alpha_ess", "alpha_ess", 3), ("alpha_mis", "alpha_mis", 3),
+            ("alpha_var", "alpha_var", 3), ("reward_mean", "training reward", 3))
+    out = window_header(WINDOW, 80)
+    for arm in ARMS:
+        runs = [have[f"rep_{arm}_s{s}"] for s in SEEDS]
+        out += [window_row(arm, label, runs, key, WINDOW, digits) for key, label, digits in keys
+                if arm == "ais" or not key.startswith("alpha")]
+    return out
 
 
 def render() -> list[str]:
@@ -133,6 +152,10 @@ def render() -> list[str]:
             "Token ESS ratio, d_bar and alpha are means over the 80 steps of each run (alpha is "
             "logged as 0 without a correction and 1 with TIS).", "",
             "Held-out sampled accuracy during GRPO (mean over seeds; `eval.every=20`):", "",
-            *_curves(have), "", "### Exploratory (no correction for multiplicity)", "",
+            *_curves(have), "", "Held-out greedy accuracy during GRPO (mean over seeds):", "",
+            *_curves(have, "accuracy"), "",
+            "Mechanism statistics per 20-step window, mean over seeds (secondary, "
+            "pre-registered, descriptive):", "", *_mechanism(have), "",
+            "### Exploratory (no correction for multiplicity)", "",
             *_exploratory(have), ""]
     return out

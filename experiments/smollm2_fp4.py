@@ -34,6 +34,9 @@ from prereg_tables import (  # noqa: E402
     exploratory_table,
     noise_table,
     primary_table,
+    window_header,
+    window_means,
+    window_row,
 )
 
 CONFIG = "configs/smollm2_sums_fp4.yaml"
@@ -90,7 +93,7 @@ def _diffs(have: dict[str, dict], arm: str, base: str, key: str) -> list[float]:
 
 def windows(run: dict, key: str) -> list[float]:
     """Mean of the logged metric ``key`` over consecutive `WINDOW`-step windows of a run."""
-    return _common().window_means(run, key, WINDOW)
+    return window_means(run, key, WINDOW)
 
 
 def ess_change(run: dict) -> float:
@@ -126,15 +129,11 @@ def _mechanism(have: dict[str, dict]) -> list[str]:
             ("seq_log_ratio_std", "seq. log-ratio sd", 3), ("alpha", "alpha", 3),
             ("alpha_ess", "alpha_ess", 3), ("alpha_mis", "alpha_mis", 3),
             ("alpha_var", "alpha_var", 3), ("reward_mean", "training reward", 3))
-    out = ["| arm | statistic | steps 1-10 -> ... -> 51-60 |", "|---|---|---|"]
+    out = window_header(WINDOW, STEPS)
     for arm in ARMS:
         runs = [have[f"fp4_{arm}_s{s}"] for s in SEEDS]
-        for key, label, digits in keys:
-            if arm == "ais" or not key.startswith("alpha"):
-                per = [windows(r, key) for r in runs]
-                mean = [statistics.mean(w[i] for w in per) for i in range(len(per[0]))]
-                out.append(f"| {arm} | {label} | "
-                           + " -> ".join(f"{x:.{digits}f}" for x in mean) + " |")
+        out += [window_row(arm, label, runs, key, WINDOW, digits) for key, label, digits in keys
+                if arm == "ais" or not key.startswith("alpha")]
     return out
 
 

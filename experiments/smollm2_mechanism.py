@@ -144,10 +144,11 @@ def render() -> list[str]:
                     for arm in ("ais", "none"))
             out.append(f"| {sd} | {a['sampled_accuracy'] - b['sampled_accuracy']:+.4f} | "
                        f"{a['accuracy'] - b['accuracy']:+.4f} |")
-    out += ["", f"Held-out sampled accuracy at steps 0, {', '.join(str(10 * i) for i in (1, 2, 3))}"
-            " and 40:", "", "| run | curve |", "|---|---|"]
-    for n, r in runs.items():
-        out.append(f"| {n} | {' -> '.join(f'{x:.3f}' for x in _curve(r, 'sampled_accuracy'))} |")
+    for key, label in (("sampled_accuracy", "sampled"), ("accuracy", "greedy")):
+        out += ["", f"Held-out {label} accuracy at steps 0, 10, 20, 30 and 40:", "",
+                "| run | curve |", "|---|---|"]
+        out += [f"| {n} | {' -> '.join(f'{x:.3f}' for x in _curve(r, key))} |"
+                for n, r in runs.items()]
     keys = (("ess_ratio", "token ESS ratio", 4), ("d_bar", "d_bar", 4),
             ("seq_log_ratio_std", "seq. log-ratio sd", 3),
             ("alpha", "alpha (applied; 0 under none)", 3),

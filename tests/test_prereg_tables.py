@@ -1,11 +1,11 @@
-"""experiments/prereg_tables.py's per-arm table (`arms_table`, shared by every study's report)
-on two hand-made arms with hand-computed cells."""
+"""experiments/prereg_tables.py's per-arm table (`arms_table`) and per-window table (`window_row`),
+shared by every study's report, on hand-made arms with hand-computed cells."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
-from prereg_tables import arms_table, run_mean
+from prereg_tables import arms_table, run_mean, window_header, window_means, window_row
 
 
 def _run(after: float, before: float, wall: float, rows: list[dict]) -> dict:
@@ -36,3 +36,16 @@ def test_arms_table_known_answers():
         "| a | 0.300 ± 0.141 | 0.150 ± 0.071 | 0.200 ± 0.141 | 0.200 ± 0.141 | 15 |",
         "| b | 0.500 ± 0.000 | 0.250 ± 0.000 | 0.500 ± 0.000 | - | 30 |",
     ]
+
+
+def test_window_table_known_answers():
+    # 5 steps in windows of 2: the last window holds one step
+    a = {"rows": [{"d_bar": x} for x in (0.1, 0.3, 0.5, 0.7, 1.0)]}
+    b = {"rows": [{"d_bar": x} for x in (0.3, 0.5, 0.1, 0.1, 0.0)]}
+    assert window_means(a, "d_bar", 2) == [0.2, 0.6, 1.0]
+    assert window_means(b, "d_bar", 2) == [0.4, 0.1, 0.0]
+    # the mean over the two runs of each window: 0.3, 0.35, 0.5
+    assert (window_row("ais", "d_bar", [a, b], "d_bar", 2, 3)
+            == "| ais | d_bar | 0.300 -> 0.350 -> 0.500 |")
+    assert window_header(10, 60) == ["| arm | statistic | steps 1-10 -> ... -> 51-60 |",
+                                     "|---|---|---|"]
