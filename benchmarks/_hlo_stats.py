@@ -111,7 +111,7 @@ def _parse_instr(line: str) -> Instr | None:
     if not op:
         return None
     close = _balanced(rest, op.end() - 1)
-    args = rest[op.end():close - 1]
+    args = re.sub(r"/\*.*?\*/", " ", rest[op.end():close - 1])  # drop /*index=5*/ comments
     operands = tuple(p.split()[-1].lstrip("%") for p in _split_top(args) if p.split())
     return Instr(m.group(1), typ, op.group(1), operands, rest[close:])
 
