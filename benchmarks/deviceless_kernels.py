@@ -55,12 +55,13 @@ _GEMM_TARGET = re.compile(r"gemm|matmul|cublas", re.I)
 
 
 def _dots(mod: hs.HloModule, comp: str, seen: tuple[str, ...] = ()) -> list[hs.Instr]:
-    """The ``dot`` instructions of a fused computation and of the computations it calls."""
+    """The ``dot`` (and ``convolution``: TPU HLO's form of a dot) instructions of a fused
+    computation and of the computations it calls."""
     if comp in seen:
         return []
     out = []
     for ins in mod.computations.get(comp, []):
-        if ins.opcode == "dot":
+        if ins.opcode in ("dot", "convolution"):
             out.append(ins)
         for names in ins.called().values():
             for name in names:
