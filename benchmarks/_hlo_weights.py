@@ -200,6 +200,22 @@ def weight_reads_per_step(text: str) -> dict:
     return {"body": body, **loop_weight_reads(mod, body)}
 
 
+def dot_operand_dtypes(text: str) -> dict[str, int]:
+    """``"lhs x rhs -> out"`` dtypes of the dots / convolutions in the decode loop body of
+    `weight_reads_per_step` (nested computations entered once each): whether the GEMMs take
+    float8 operands themselves (``f8e4m3fn x f8e4m3fn -> f32``) or converted ones."""
+    mod = hs.parse_hlo(text)
+    body = weight_reads_per_step(text).get("body", "")
+    out: dict[str, int] = {}
+    for comp, ins in _walk(mod, body):
+        if ins.opcode in _DOT:
+            types = hs._types(mod, comp)
+            key = (" x ".join(types.get(o, "?").split("[")[0] for o in ins.operands[:2])
+                   + " -> " + ins.type.split("[")[0])
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 def _weight_shapes(mod: hs.HloModule) -> set[tuple[int, ...]]:
     """Sorted dims of the entry's rank >= 2 float parameters and of one layer of each."""
     shapes: set[tuple[int, ...]] = set()

@@ -78,6 +78,7 @@ def analyse(text: str) -> dict:
     mod = hs.parse_hlo(text)
     out["custom_call_targets_per_step"] = dict(custom_call_targets(mod, reads.get("body", "")))
     out["weight_reads_per_step"] = reads
+    out["dot_operand_dtypes_per_step"] = hw.dot_operand_dtypes(text)
     copies = hw.dequant_copies(text)
     out["dequant"] = {**copies, "other_f8_converts": copies["other_f8_converts"][:20],
                       "other_f8_converts_n": len(copies["other_f8_converts"])}
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({**brief, "kernels_per_step": h.get("kernels_per_step"),
                               "weight_reads_per_step": h["weight_reads_per_step"],
                               "custom_calls": h["custom_call_targets_per_step"],
+                              "dot_dtypes": h["dot_operand_dtypes_per_step"],
                               "other_ops_per_step": h.get("other_ops_per_step"),
                               "dequant": {k: h["dequant"][k] for k in
                                           ("verdict", "weight_copies", "f8_dot_kernels",

@@ -107,6 +107,8 @@ def test_convert_inside_the_dot_fusion_is_no_copy():
     assert r["verdict"] == "no dequantized weight copy"
     assert r["weight_copies"] == [] and r["other_f8_converts"] == []
     assert r["f8_dot_kernels"] == 1
+    # the convolution itself reads the nested fusion's bf16 conversion of the weight
+    assert hw.dot_operand_dtypes(_INSIDE) == {"bf16 x bf16 -> bf16": 1}
 
 
 def test_standalone_convert_fusion_of_a_weight_shape_is_a_copy():
