@@ -5,11 +5,14 @@ Helpers of ``benchmarks/deviceless_kernels_tpu.py`` (pure text, no jax), on top 
 
 * `loop_weight_reads` / `weight_reads_per_step`: the loop-invariant elements of a ``while``
   body's tuple (``get-tuple-element`` index ``k`` of the body's parameter that the ROOT tuple
-  passes back unchanged at ``k``) that reach a kernel holding a ``dot`` or ``convolution``
+  passes back at ``k``, unchanged or only moved: copies, bitcasts, async slices) that reach
+  a kernel holding a ``dot`` or ``convolution``
   (TPU HLO turns dots into convolutions inside ``kOutput`` fusions), directly or through
   a kernel that converts it from float8 (a dequantized copy), followed through views, copies,
   slices (TPU's async ``slice-start`` / ``slice-done``) and non-GEMM custom calls (TPU's
-  ``ConcatBitcast`` of merged weights).  Each such array is
+  ``ConcatBitcast`` of merged weights), and through the ROOT tuple into another element when
+  the step prefetches a weight for the next step (TPU copies slices of a weight into on-chip
+  memory, ``S(1)``, and carries them; the next step's dot reads that element).  Each such array is
   counted once, at its logical size (elements x dtype bits / 8; layout padding and tiling not
   counted): the bytes of weights one step reads from memory, by dtype.
 * `dequant_copies`: every kernel-level instruction (a ``fusion`` that is not nested in another
@@ -111,6 +114,36 @@ def _converts_f8(mod: hs.HloModule, comp: str) -> bool:
     return False
 
 
+def _moves_data(ins: hs.Instr) -> bool:
+    """Whether an instruction only moves or views data (copies, bitcasts, async slices, TPU's
+    ``ConcatBitcast``), so a weight passed through it is still that weight."""
+    if ins.opcode == "custom-call":
+        m = hs._TARGET.search(ins.attrs)
+        return not (m and _GEMM.search(m.group(1)))
+    return ins.opcode in _PASS or ins.opcode == "slice" or ins.opcode.endswith(("-start",
+                                                                                 "-done"))
+
+
+def _carried(by_name: dict[str, hs.Instr], gtes: dict[str, int], op: str, k: int) -> bool:
+    """Whether ROOT element ``k`` (value ``op``) is body element ``k`` itself, directly or moved
+    (TPU re-lays or re-pins some weights each step: copy-start -> slice-start -> ConcatBitcast)."""
+    todo, seen = [op], set()
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        if cur in gtes:
+            if gtes[cur] != k:
+                return False
+            continue
+        ins = by_name.get(cur)
+        if ins is None or not ins.operands or not _moves_data(ins):
+            return False
+        todo.extend(ins.operands)
+    return True
+
+
 def loop_weight_reads(mod: hs.HloModule, body: str) -> dict:
     """Loop-invariant arrays of a ``while`` body that reach a dot / convolution kernel.
 
@@ -131,8 +164,12 @@ def loop_weight_reads(mod: hs.HloModule, body: str) -> dict:
     gtes = {i.name: int(m.group(1)) for i in instrs
             if i.opcode == "get-tuple-element" and i.operands[:1] == (param,)
             and (m := _INDEX.search(i.attrs))}
+    by_name = {i.name: i for i in instrs}
     invariant = {k for k, op in enumerate(root.operands)
-                 if root.opcode == "tuple" and gtes.get(op) == k}
+                 if root.opcode == "tuple" and _carried(by_name, gtes, op, k)}
+    by_index: dict[int, list[str]] = {}
+    for g, k in gtes.items():
+        by_index.setdefault(k, []).append(g)
     users: dict[str, list[hs.Instr]] = {}
     for ins in instrs:
         for op in ins.operands:
@@ -146,16 +183,16 @@ def loop_weight_reads(mod: hs.HloModule, body: str) -> dict:
             continue
         reads = feeds_dot = False
         todo, seen = [name], set()
-        for g, kk in gtes.items():  # every gte of the same element
-            if kk == k:
-                todo.append(g)
+        todo.extend(by_index[k])  # every gte of the same element
         while todo:
             cur = todo.pop()
             if cur in seen:
                 continue
             seen.add(cur)
             for u in users.get(cur, []):
-                if u is root:
+                if u is root:  # carried to another element: a prefetch for the next step
+                    todo.extend(g for j, op in enumerate(root.operands)
+                                if op == cur and j not in invariant for g in by_index.get(j, ()))
                     continue
                 reads = True
                 if u.opcode in _PASS or u.opcode.endswith(("-start", "-done")):

@@ -102,6 +102,18 @@ def test_weight_bytes_read_per_step_of_a_hand_made_loop_body():
     assert r["invariant_arrays_read"] == 3
 
 
+def test_a_weight_carried_through_a_copy_or_prefetched_into_another_element_counts():
+    # the ROOT passes back a copy of the weight (TPU re-pins some weights each step)
+    moved = _INSIDE.replace("  ROOT %out", "  %wm = f8e4m3fn[256,128]{1,0} copy(%w)\n  ROOT %out")
+    moved = moved.replace("tuple(%i1, %z, %w, %s, %t)", "tuple(%i1, %z, %wm, %s, %t)")
+    assert hw.weight_reads_per_step(moved)["weight_bytes"] == 32768 + 4
+    # the copy is carried in the table's element; the dot reads the weight through it
+    pre = moved.replace("tuple(%i1, %z, %wm, %s, %t)", "tuple(%i1, %z, %w, %s, %wm)")
+    pre = pre.replace("fusion(%x, %w, %s), kind=kOutput", "fusion(%x, %t, %s), kind=kOutput")
+    r = hw.weight_reads_per_step(pre)
+    assert r["weight_bytes_by_dtype"] == {"f8e4m3fn": 32768, "f32": 4}
+
+
 def test_convert_inside_the_dot_fusion_is_no_copy():
     r = hw.dequant_copies(_INSIDE)
     assert r["verdict"] == "no dequantized weight copy"
