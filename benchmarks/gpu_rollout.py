@@ -71,6 +71,8 @@ ARMS: dict[str, list[str]] = {
     "fp8": [*_FP8, "rollout.act_scaling=tensor", "rollout.kv_cache_fp8=false"],
     "fp8_kv": [*_FP8, "rollout.act_scaling=tensor", "rollout.kv_cache_fp8=true"],
     "fp8_token": [*_FP8, "rollout.act_scaling=token", "rollout.kv_cache_fp8=false"],
+    "fp8_prefill": [*_FP8, "rollout.act_scaling=prefill", "rollout.kv_cache_fp8=false"],
+    "fp8_prefill_kv": [*_FP8, "rollout.act_scaling=prefill", "rollout.kv_cache_fp8=true"],
 }
 CRITICAL = (("Qwen3-8B", 256), ("Qwen3-0.6B", 64))  # (model, rows) pairs measured first ...
 CRITICAL_ARMS = ("bf16", "fp8")  # ... in these arms

@@ -209,3 +209,49 @@ def test_sample_for_a_deep_model_compiles_to_a_depth_independent_program():
 
     deep, shallow = compiled_lines(24, None), compiled_lines(2, True)  # the default scans 24
     assert deep < 1.2 * shallow, (deep, shallow)
+
+
+# ----------------------------------------------------------------------------- fixed FP8 scales
+
+
+@pytest.mark.slow  # ~10 s on 2 busy cores
+def test_prefill_fixes_the_decode_scales_of_act_scaling_prefill():
+    """act_scaling="prefill": the prefill's masked amaxes (x 2 / 448) become the decode's fixed
+    activation scales ([L, 4]) and, with an FP8 cache, one key / value scale per layer; the
+    decode steps then quantize with them, scanned and unrolled alike."""
+    cfg = dataclasses.replace(FULL, num_layers=3)
+    params = _random_params(cfg)
+    rp = fp8.to_rollout_params(params, act_scaling="prefill")
+    assert decode.prefill_scaled_format(rp) == jnp.float8_e4m3fn
+    assert decode.prefill_scaled_format(fp8.to_rollout_params(params)) is None
+    tokens, mask = _left_padded(cfg, 2, 6, [0, 3])
+    _, c = decode.prefill(rp, tokens, mask, cfg, 9, dtype=jnp.float32, fp8=True)
+    assert c.act_scales.shape == (3, 4)
+    # layer 0's q/k/v input: the attention norm of the prompt's embeddings, padding excluded
+    h = model.rms_norm(params["embed"][tokens], params["layers"]["attn_norm"][0],
+                       cfg.rms_norm_eps)
+    amax = jnp.max(jnp.where(mask[..., None], jnp.abs(h), 0.0))
+    np.testing.assert_allclose(c.act_scales[0, 0], 2 * amax / 448, rtol=1e-6)
+    # the cache: one fixed scale per layer from the prompt's keys (the same as a full one's)
+    _, c32 = decode.prefill(rp, tokens, mask, cfg, 9, dtype=jnp.float32)
+    assert kv_cache.is_fixed_scale(c.k) and c.k.scale.shape == (3, 1, 1, 1, 1)
+    valid = np.asarray(c32.valid)[None, :, None, :, None]  # keys [L, B, K, S, H]
+    k_amax = np.max(np.abs(np.asarray(c32.k)) * valid, axis=(1, 2, 3, 4))
+    np.testing.assert_allclose(c.k.scale.reshape(3), 2 * k_amax / 448, rtol=1e-6)
+    err = np.abs(np.asarray(fp8.dequantize(c.k) - c32.k)) * valid
+    assert err.max() <= 0.07 * k_amax.max()
+    r = kv_cache.resize_cache(c, 2, 11)  # the fixed scales ride along unchanged
+    assert r.k.scale.shape == (3, 1, 1, 1, 1) and r.act_scales is c.act_scales
+    step = jnp.ones((4, 1), bool)
+    nxt = jax.random.randint(jax.random.key(5), (4, 1), 0, cfg.vocab_size)
+    out = {s: extend(rp, nxt, step, r, cfg, scan_layers=s) for s in (True, False)}
+    np.testing.assert_allclose(out[True][0], out[False][0], atol=1e-5)
+    assert out[True][1].act_scales is not None and kv_cache.is_fixed_scale(out[True][1].k)
+    # the scales are used: tenfold smaller ones saturate the step's activations
+    tiny = r._replace(act_scales=r.act_scales / 10)
+    assert float(jnp.max(jnp.abs(extend(rp, nxt, step, tiny, cfg)[0] - out[False][0]))) > 1e-2
+    # the fixed-scale cache reads as a ScaledView (no dequantized copy), same attention numbers
+    view = kv_cache.cache_read(r.k, kv_cache.K_LAYOUT, 0, jnp.float32)
+    assert isinstance(view, kv_cache.ScaledView) and view.x.dtype == jnp.float32
+    np.testing.assert_array_equal(view.x * view.scale, jnp.transpose(
+        fp8.dequantize(r.k)[0], (0, 2, 1, 3)))

@@ -183,3 +183,37 @@ def test_quantize_amax_ignores_invalid_rows():
     q = fp8.quantize(x, valid=jnp.array([[True], [False]]))
     assert float(q.scale.reshape(())) == pytest.approx(2.0 / fp8.fp8_max())
     assert float(fp8.quantize(x).scale.reshape(())) == pytest.approx(100.0 / fp8.fp8_max())
+
+
+def test_static_quantize_and_prefill_scale_known_values():
+    """act_scaling="prefill": scale = 2 * amax / 448, a given scale quantizes without a
+    reduction, and values past scale * 448 saturate (never NaN)."""
+    amax = fp8.act_amax(jnp.array([[1.0, -3.5], [100.0, 2.0]]), jnp.array([True, False]))
+    assert float(amax) == 3.5  # the invalid row's 100 never sets the scale
+    s = fp8.prefill_scale(jnp.array([3.5, 0.0]))
+    np.testing.assert_array_equal(np.asarray(s), np.float32([7.0 / 448.0, 1.0]))
+    q = fp8.quantize_static(jnp.array([3.5, -1.0, 0.01, 1e9, -1e30]), s[0])
+    assert q.value.dtype == jnp.float8_e4m3fn and q.act_scaling == "prefill"
+    # 3.5 / (7/448) = 224; -1 -> -64; 0.01 -> 0.64 -> 0.625 (E4M3); huge -> +-448
+    np.testing.assert_array_equal(np.asarray(q.value.astype(jnp.float32)),
+                                  [224.0, -64.0, 0.625, 448.0, -448.0])
+    e5 = fp8.prefill_scale(jnp.float32(57344.0), jnp.float8_e5m2, headroom=1.0)
+    assert float(e5) == 1.0
+
+
+def test_qdot_with_a_given_scale_equals_the_dynamic_one_at_that_scale():
+    k1, k2 = jax.random.split(jax.random.key(3))
+    x = jax.random.normal(k1, (3, 5, 16))
+    w = fp8.quantize_weight(jax.random.normal(k2, (8, 16)), act_scaling="prefill")
+    dyn = fp8.qdot(x, w)  # "prefill" without a scale (the prefill itself): per tensor
+    tensor = fp8.qdot(x, w.replace(act_scaling="tensor"))
+    np.testing.assert_array_equal(np.asarray(dyn), np.asarray(tensor))
+    s = jnp.max(jnp.abs(x)) / 448.0  # the per-tensor scale, passed in: same numbers
+    np.testing.assert_allclose(np.asarray(fp8.qdot(x, w, act_scale=s)), np.asarray(tensor),
+                               rtol=1e-6, atol=1e-6)
+    # with headroom 2 the result is still close to the full-precision product
+    fixed = fp8.qdot(x, w, act_scale=fp8.prefill_scale(jnp.max(jnp.abs(x))))
+    ref = x @ fp8.dequantize(w).T
+    assert float(jnp.max(jnp.abs(fixed - ref))) < 0.1 * float(jnp.max(jnp.abs(ref)))
+    jaxpr = str(jax.make_jaxpr(lambda x: fp8.qdot(x, w, act_scale=s))(x))
+    assert "reduce_max" not in jaxpr  # no amax reduction with a given scale

@@ -281,6 +281,8 @@ def check_diffusion(cfg: Config) -> None:
     _require(r.top_k == 0 and r.top_p == 1.0,
              "the LLaDA sampler has no top-k / top-p; set rollout.top_k=0 rollout.top_p=1")
     _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")
+    _require(r.act_scaling != "prefill", "a LLaDA policy has no prefill / decode steps to fix "
+             "FP8 scales in; set rollout.act_scaling=tensor or token")
     _require(not r.fused_linears, "the LLaDA model has no fused rollout layout; set "
              "rollout.fused_linears=false")
     _require(r.staleness == 0, "asynchronous rollouts (rollout.staleness > 0) do not support "

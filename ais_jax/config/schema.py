@@ -114,7 +114,9 @@ class RolloutSection:
     # rollout weight format: e4m3 | e5m2 (FP8 weights + activations) | nvfp4 | mxfp4 (FP4
     # block-scaled weights, BF16 activations; act_scaling / weight_scaling must stay tensor)
     fp8_format: str = "e4m3"
-    act_scaling: str = "tensor"  # FP8 activation scale granularity: tensor | token
+    # FP8 activation scale granularity: tensor | token | prefill (per tensor, fixed for the
+    # decode steps from the prefill's amax x 2; with kv_cache_fp8 also per-layer KV scales)
+    act_scaling: str = "tensor"
     weight_scaling: str = "tensor"  # FP8 weight scale granularity: tensor | channel
     lm_head_fp8: bool = False  # also quantize the output projection
     kv_cache_fp8: bool = False  # store the decode KV cache in float8
@@ -329,7 +331,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.checker": ("numeric", "exact", "math_verify", "none"),
     "rollout.precision": ("fp8", "bf16"),
     "rollout.fp8_format": ("e4m3", "e5m2", "nvfp4", "mxfp4"),
-    "rollout.act_scaling": ("tensor", "token"),
+    "rollout.act_scaling": ("tensor", "token", "prefill"),
     "rollout.weight_scaling": ("tensor", "channel"),
     "ais.mode": ("ais", "tis", "none", "token_mask", "seq_tis", "seq_mask", "geo_mask"),
     "train.loss_aggregation": ("token_mean", "seq_mean_token_mean", "constant"),

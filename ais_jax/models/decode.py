@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ais_jax.models import fp8 as fp8_lib
 from ais_jax.models.kv_cache import (
     ALL_LAYERS,
     K_LAYOUT,
@@ -80,6 +81,12 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Full causal pass over left-padded prompts that keeps their keys / values.
 
+    With ``act_scaling="prefill"`` FP8 params (`prefill_scaled_format`) the
+    pass also fixes the decode steps' scales: per layer, the masked amax of
+    each FP8 linear's input (``cache.act_scales`` ``[L, 4]``) and, with an FP8
+    cache, of the prompt's keys and values (one fixed scale per layer and
+    buffer), each times `ais_jax.models.fp8.PREFILL_HEADROOM`.
+
     The same computation as `ais_jax.models.model.forward` (a `lax.scan` over the
     stacked layers), returning a cache of ``length >= T`` slots with the prompt
     in slots ``0 .. T-1``; equal to `extend` on an empty cache (for an FP8
@@ -110,20 +117,45 @@ def prefill(
     inv_freq = rope_inv_freq(cfg)
     x = _embed(params, tokens)
 
-    def body(x, lp):
-        return _layer(x, lp, pos, attn_mask, inv_freq, cfg, rows=mask)
+    act_fmt = prefill_scaled_format(params)
 
-    x, (ks, vs) = jax.lax.scan(body, x, params["layers"])  # ks, vs [L, B, T, K, H]
+    def body(x, lp):
+        return _layer(x, lp, pos, attn_mask, inv_freq, cfg, rows=mask,
+                      calibrate=act_fmt is not None)
+
+    x, ys = jax.lax.scan(body, x, params["layers"])
+    act_scales = kv_scales = None
+    if act_fmt is None:
+        ks, vs = ys  # [L, B, T, K, H]
+    else:  # act_scaling="prefill": fix the decode's scales from this pass's amaxes
+        (ks, vs), amax = ys  # amax [L, 4]
+        act_scales = fp8_lib.prefill_scale(amax, act_fmt)
+        if fp8:
+            rows = mask[None, :, :, None, None]
+            kv_scales = tuple(fp8_lib.prefill_scale(jnp.max(jnp.where(rows, jnp.abs(
+                a.astype(jnp.float32)), 0.0), axis=(1, 2, 3, 4))) for a in (ks, vs))
     dtype = params["embed"].dtype if dtype is None else dtype
-    cache = init_cache(cfg, B, length, dtype, fp8=fp8)
+    cache = init_cache(cfg, B, length, dtype, fp8=fp8, kv_scales=kv_scales)
     valid = jnp.zeros((B, length), jnp.bool_).at[:, :T].set(mask)
     zero = jnp.zeros((), jnp.int32)
     cache = KVCache(k=cache_write(cache.k, ks, K_LAYOUT, ALL_LAYERS, zero),
                     v=cache_write(cache.v, vs, V_LAYOUT, ALL_LAYERS, zero), valid=valid,
-                    pos=jnp.sum(mask, -1, dtype=jnp.int32), index=jnp.full((), T, jnp.int32))
+                    pos=jnp.sum(mask, -1, dtype=jnp.int32), index=jnp.full((), T, jnp.int32),
+                    act_scales=act_scales)
     if last_only:
         x, mask = x[:, -1:], mask[:, -1:]
     return _logits(params, x, cfg, mask), cache
+
+
+def prefill_scaled_format(params: dict) -> Any:
+    """The float8 dtype of ``act_scaling="prefill"`` block linears in ``params``, else None."""
+    layers = params["layers"]
+    for lp in layers if isinstance(layers, tuple | list) else (layers,):
+        for w in lp.values():
+            w = getattr(w, "base", w)  # a LoRA weight's base
+            if isinstance(w, fp8_lib.QuantArray) and w.act_scaling == "prefill":
+                return w.value.dtype
+    return None
 
 
 def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
@@ -215,14 +247,19 @@ def extend(
         scan_layers = scan_layers_default(cfg)
     stacked = not isinstance(cache.k, tuple)
     index = cache.index
+    scales = cache.act_scales  # [L, 4] fixed FP8 activation scales, or None
     if scan_layers:
         ck, cv = (cache.k, cache.v) if stacked else (stack_buffers(cache.k), stack_buffers(cache.v))
         layers = params["layers"]
         layers = stack_buffers(layers) if isinstance(layers, tuple | list) else layers
+        if scales is not None:
+            layers = {**layers, "act_scales": scales}
         x, ck, cv = _scan_layers(x, layers, ck, cv, run, index, dtype)
         ck, cv = (ck, cv) if stacked else (unstack_buffer(ck), unstack_buffer(cv))
     else:
         layers = unstack_layers(params, cfg)["layers"]
+        if scales is not None:
+            layers = tuple({**lp, "act_scales": scales[l]} for l, lp in enumerate(layers))
         c = unstack_cache(cache) if stacked else cache
         ks, vs = [], []
         for lp, lk, lv in zip(layers, c.k, c.v, strict=True):
@@ -232,4 +269,5 @@ def extend(
         ck, cv = (stack_buffers(ks), stack_buffers(vs)) if stacked else (tuple(ks), tuple(vs))
     logits = _logits(params, x, cfg, mask)
     new_pos = cache.pos + jnp.sum(mask.astype(jnp.int32), -1)
-    return logits, KVCache(k=ck, v=cv, valid=valid, pos=new_pos, index=cache.index + T)
+    return logits, KVCache(k=ck, v=cv, valid=valid, pos=new_pos, index=cache.index + T,
+                           act_scales=scales)

@@ -28,7 +28,11 @@ from ais_jax.models import fp4, layout, lora
 from ais_jax.models.qarray import E4M3, E5M2, FP4_FORMATS, FP8_DTYPES, QuantArray, fp8_max
 
 ROLLOUT_FORMATS = (*FP8_DTYPES, *FP4_FORMATS)  # to_rollout_params(dtype=...) as strings
-ACT_SCALINGS = ("tensor", "token")
+ACT_SCALINGS = ("tensor", "token", "prefill")
+# act_scaling="prefill": the decode steps quantize each linear input with a fixed scale,
+# PREFILL_HEADROOM times the prefill's masked amax of that input over the format's max
+# (`prefill_scale`); larger values saturate (clip), never NaN.
+PREFILL_HEADROOM = 2.0
 
 # Per-layer params the rollout copy always quantizes (the decoder-block linears,
 # wq wk wv wo w_gate w_up w_down), and those quantized only on request (lm_head).
@@ -64,7 +68,8 @@ def quantize(
       axes: axes the amax is taken over (keepdims). ``None``: the whole tensor
         (one scale). ``(-2, -1)`` on stacked weights ``[L, out, in]``: one scale
         per layer. ``-1`` on ``[..., out, in]``: one scale per output channel.
-      act_scaling: stored on the result for `qdot` (``"tensor"`` or ``"token"``).
+      act_scaling: stored on the result for `qdot` (``"tensor"``, ``"token"`` or
+        ``"prefill"``).
       valid: optional bool array broadcastable to ``x`` (e.g. ``[..., T, 1]``
         rows): only these entries enter the amax (padding and finished rows
         never set a scale); the others are still quantized, with the scale of
@@ -98,6 +103,44 @@ def dequantize(q: QuantArray, dtype: Any = jnp.float32) -> jax.Array:
     return (q.value.astype(jnp.float32) * q.scale).astype(dtype)
 
 
+def quantize_static(x: jax.Array, scale: jax.Array, *, dtype: Any = E4M3) -> QuantArray:
+    """Cast-and-scale with a given scale: ``q = clip(x / scale)``, no reduction.
+
+    Args:
+      x: array of any float dtype and shape.
+      scale: float32 scale broadcastable to ``x`` (e.g. a scalar from `prefill_scale`).
+      dtype: float8 format.
+
+    Returns:
+      `QuantArray` (``value`` float8 of ``x``'s shape, ``scale`` as given).  Values
+      beyond ``scale * fmax`` saturate to the format's largest finite value.
+    """
+    dtype = _resolve_dtype(dtype)
+    fmax = fp8_max(dtype)
+    scale = jnp.asarray(scale, jnp.float32)
+    q = jnp.clip(x.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype)
+    return QuantArray(value=q, scale=scale, act_scaling="prefill")
+
+
+def act_amax(x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """Float32 scalar ``max |x|`` over the rows ``valid`` (``[...]`` of ``x`` ``[..., in]``)."""
+    ax = jnp.abs(x.astype(jnp.float32))
+    if valid is not None:
+        ax = jnp.where(valid[..., None], ax, 0.0)
+    return jnp.max(ax)
+
+
+def prefill_scale(amax: jax.Array, dtype: Any = E4M3,
+                  headroom: float = PREFILL_HEADROOM) -> jax.Array:
+    """The fixed scale ``headroom * amax / fmax`` for an amax seen in the prefill (any shape).
+
+    An amax of 0 (an input the prefill never saw nonzero) gives scale 1.
+    """
+    fmax = fp8_max(_resolve_dtype(dtype))
+    amax = jnp.asarray(amax, jnp.float32)
+    return jnp.where(amax > 0, headroom * amax / fmax, 1.0).astype(jnp.float32)
+
+
 def cast_fp8(x: jax.Array, dtype: Any = E4M3) -> jax.Array:
     """Plain saturating cast (no scaling): clip to the finite range, then cast.
 
@@ -124,8 +167,9 @@ def qdot(
     compute_dtype: Any = jnp.float32,
     out_dtype: Any | None = None,
     valid: jax.Array | None = None,
+    act_scale: jax.Array | None = None,
 ) -> jax.Array:
-    """FP8 matmul ``x @ w.T`` with dynamic activation quantization.
+    """FP8 matmul ``x @ w.T`` with dynamic (or given) activation quantization.
 
     The activation is quantized per tensor (or per token when
     ``w.act_scaling == "token"``) to the weight's float8 format; the product of
@@ -142,6 +186,11 @@ def qdot(
       valid: optional ``[...]`` bool mask of the rows of ``x`` that may set a
         per-tensor activation scale (padding and finished rows excluded, so
         a sequence's FP8 numbers do not depend on how it is padded).
+      act_scale: optional float32 scalar, a fixed activation scale
+        (`quantize_static`; no amax reduction, ``valid`` unused): what the decode
+        steps of ``act_scaling="prefill"`` pass (`prefill_scale`).  None: the
+        weight's ``act_scaling`` decides (``"prefill"`` without a scale, e.g.
+        in the prefill itself, scales per tensor like ``"tensor"``).
 
     Returns:
       ``[..., out]`` in ``out_dtype``.
@@ -155,9 +204,10 @@ def qdot(
     if w.value.ndim != 2:
         raise ValueError(f"qdot expects a 2-D weight [out, in], got shape {w.value.shape}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    per_token = w.act_scaling == "token"
+    per_token = w.act_scaling == "token" and act_scale is None
     rows = None if valid is None or per_token else valid[..., None]
-    xq = quantize(x, dtype=w.value.dtype, axes=-1 if per_token else None, valid=rows)
+    xq = (quantize_static(x, act_scale, dtype=w.value.dtype) if act_scale is not None else
+          quantize(x, dtype=w.value.dtype, axes=-1 if per_token else None, valid=rows))
     # The float8 operands are only converted (exactly) to the wide type, and the
     # float32 product is rescaled afterwards: the GEMM reads the 1-byte weights
     # (XLA fuses the convert into the dot operand) and never materializes a
@@ -171,12 +221,12 @@ def qdot(
 
 
 def linear(x: jax.Array, w: jax.Array | QuantArray | lora.LoraWeight, b: jax.Array | None = None,
-           valid: jax.Array | None = None) -> jax.Array:
+           valid: jax.Array | None = None, act_scale: jax.Array | None = None) -> jax.Array:
     """``x @ w.T + b`` for a full-precision or quantized weight ``w`` ``[out, in]``.
 
     Full-precision weights multiply in ``x.dtype`` with float32 accumulation;
     `QuantArray` weights go through `qdot` (``valid``: ``[...]`` rows that may
-    set its activation scale).  A `ais_jax.models.lora.LoraWeight` multiplies
+    set its activation scale; ``act_scale``: a fixed one, see `qdot`).  A `ais_jax.models.lora.LoraWeight` multiplies
     its base weight the same way and adds its LoRA branch
     (`ais_jax.models.lora.lora_delta`, float32) before the bias, unmerged.
     Returns ``[..., out]`` in ``x.dtype``.
@@ -185,7 +235,7 @@ def linear(x: jax.Array, w: jax.Array | QuantArray | lora.LoraWeight, b: jax.Arr
     if adapter is not None:
         w = adapter.base
     if isinstance(w, QuantArray):
-        y = qdot(x, w, out_dtype=jnp.float32, valid=valid)
+        y = qdot(x, w, out_dtype=jnp.float32, valid=valid, act_scale=act_scale)
     else:
         y = _contract_last(x, w.astype(x.dtype), jnp.float32)
     if adapter is not None:
@@ -241,7 +291,8 @@ def to_rollout_params(
       weight_scaling: ``"tensor"`` (paper) or ``"channel"``; FP4 formats fix
         their own scales and accept only the default ``"tensor"`` (ignored).
       act_scaling: ``"tensor"`` (paper; one activation scale per matmul input
-        tensor) or ``"token"`` (one per row); FP4 formats do not quantize
+        tensor), ``"token"`` (one per row) or ``"prefill"`` (one per tensor in
+        the prefill, then fixed for the decode steps: `prefill_scale`); FP4 formats do not quantize
         activations and accept only the default ``"tensor"`` (ignored).
 
     Returns:

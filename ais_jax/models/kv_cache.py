@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ais_jax.models.fp8 import E4M3, QuantArray, dequantize, quantize
+from ais_jax.models.fp8 import E4M3, QuantArray, dequantize, quantize, quantize_static
 from ais_jax.models.layout import ModelConfig
 
 # Stored layout of one layer's keys / values: a permutation of the logical
@@ -34,11 +34,16 @@ class KVCache(NamedTuple):
     Attributes:
       k: ``[L, B, K, S, H]`` keys (rotary already applied; `K_LAYOUT`), or a
         `QuantArray` (float8 ``value`` of that shape, float32 ``scale``
-        ``[L, B, 1, S, 1]``: one scale per (layer, row, token)) for an FP8 cache.
+        ``[L, B, 1, S, 1]``: one scale per (layer, row, token)) for an FP8 cache,
+        or, with ``act_scaling="prefill"`` on the `QuantArray`, ``[L, 1, 1, 1, 1]``:
+        one scale per layer fixed by the prefill (`is_fixed_scale`).
       v: ``[L, B, K, H, S]`` values (`V_LAYOUT`; FP8 ``scale`` ``[L, B, 1, 1, S]``).
       valid: ``[B, S]`` bool, True where a slot holds a real (non-padding) token.
       pos: ``[B]`` int32, rotary position of the next token of each row.
       index: int32 scalar, the next cache slot to write (same for all rows).
+      act_scales: None, or float32 ``[L, 4]`` fixed activation scales of the FP8
+        linears (``act_scaling="prefill"``: set by the prefill, read by every
+        decode step; `ais_jax.models.model.ACT_INPUTS` order).
 
     `unstack_cache` gives the per-layer form: ``k`` / ``v`` as ``L``-tuples of
     ``[B, K, S, H]`` / ``[B, K, H, S]`` buffers (what unrolled steps update).
@@ -49,6 +54,7 @@ class KVCache(NamedTuple):
     valid: jax.Array
     pos: jax.Array
     index: jax.Array
+    act_scales: Any = None
 
 
 def _order(perm: tuple, stacked: bool) -> tuple:
@@ -67,6 +73,7 @@ def init_cache(
     dtype: Any = jnp.bfloat16,
     *,
     fp8: bool = False,
+    kv_scales: tuple[jax.Array, jax.Array] | None = None,
 ) -> KVCache:
     """An empty cache of ``length`` slots for ``batch`` rows.
 
@@ -78,6 +85,9 @@ def init_cache(
       fp8: store keys / values as float8 E4M3 with one float32 scale per
         (layer, row, token), dequantized when attended to. Not part of the
         paper's recipe (it keeps the KV cache in BF16); off by default.
+      kv_scales: with ``fp8``, optional float32 ``[L]`` key and value scales,
+        one per layer and fixed (``act_scaling="prefill"``): writes quantize
+        elementwise with them (no reduction, no scale buffer to update).
 
     Returns:
       `KVCache` of zeros (keys ``[L, B, K, S, H]``, values ``[L, B, K, H, S]``),
@@ -85,16 +95,25 @@ def init_cache(
     """
     L, logical = cfg.num_layers, (batch, length, cfg.num_kv_heads, cfg.head_dim)
 
-    def empty(perm: tuple) -> Any:
+    def empty(perm: tuple, fixed: Any) -> Any:
         shape = (L, *(logical[p] for p in perm))
+        if fp8 and fixed is not None:
+            return QuantArray(value=jnp.zeros(shape, E4M3), act_scaling="prefill",
+                              scale=jnp.asarray(fixed, jnp.float32).reshape(L, 1, 1, 1, 1))
         if fp8:
             scale = (L, *((batch, length, 1, 1)[p] for p in perm))
             return QuantArray(value=jnp.zeros(shape, E4M3), scale=jnp.ones(scale, jnp.float32))
         return jnp.zeros(shape, dtype)
 
-    return KVCache(k=empty(K_LAYOUT), v=empty(V_LAYOUT),
+    sk, sv = (None, None) if kv_scales is None else kv_scales
+    return KVCache(k=empty(K_LAYOUT, sk), v=empty(V_LAYOUT, sv),
                    valid=jnp.zeros((batch, length), jnp.bool_),
                    pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def is_fixed_scale(c: Any) -> bool:
+    """Whether a cache buffer is float8 with fixed per-layer scales (see `init_cache`)."""
+    return isinstance(c, QuantArray) and c.act_scaling == "prefill"
 
 
 def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Array) -> Any:
@@ -112,6 +131,13 @@ def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Arra
     if stacked and not isinstance(layer, str):
         start[0] = layer
     order = _order(perm, stacked)
+    if is_fixed_scale(c):  # a fixed scale per layer: elementwise, fuses into the update
+        s = c.scale
+        if stacked and not isinstance(layer, str):
+            s = jax.lax.dynamic_slice_in_dim(s, layer, 1)  # [1, 1, 1, 1, 1]
+        q = quantize_static(new, s, dtype=c.value.dtype)
+        return c.replace(
+            value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start))
     if isinstance(c, QuantArray):  # one scale per (row, token)
         q = quantize(new, dtype=c.value.dtype, axes=(-2, -1))  # scale [.., B, T, 1, 1]
         return QuantArray(
@@ -120,17 +146,34 @@ def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Arra
     return jax.lax.dynamic_update_slice(c, jnp.transpose(new.astype(c.dtype), order), start)
 
 
-def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array:
+class ScaledView(NamedTuple):
+    """A fixed-scale FP8 cache layer as the attention reads it: ``x * scale``.
+
+    ``x``: ``[B, S, K, H]`` float8 values converted exactly to the compute dtype
+    (the convert fuses into the attention matmul); ``scale``: float32 scalar,
+    applied to the matmul's float32 result (`ais_jax.models.model._attend`).
+    """
+
+    x: jax.Array
+    scale: jax.Array
+
+
+def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | ScaledView:
     """One layer of a stored buffer, viewed as logical ``[B, S, K, H]`` in ``dtype``.
 
     ``layer``: a layer index of the stacked buffer ``c``; None: ``c`` is one layer.
-    The view's transposition folds into the attention matmuls (no copy).
+    The view's transposition folds into the attention matmuls (no copy).  A
+    fixed-scale FP8 buffer (`is_fixed_scale`) gives a `ScaledView` instead (no
+    dequantized copy of the cache).
     """
     if layer is not None:
         c = jax.tree_util.tree_map(
             lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c)
+    order = tuple(perm.index(i) for i in range(4))
+    if is_fixed_scale(c):
+        return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(()))
     x = dequantize(c, dtype) if isinstance(c, QuantArray) else c.astype(dtype)
-    return jnp.transpose(x, tuple(perm.index(i) for i in range(4)))
+    return jnp.transpose(x, order)
 
 
 def cache_update(cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any,
@@ -171,13 +214,16 @@ def resize_cache(cache: KVCache, repeat: int, length: int) -> KVCache:
         if isinstance(c, tuple):  # per-layer buffers (`unstack_cache`)
             return tuple(buf(b, perm, False) for b in c)
         row, slot = int(stacked), _slot_axis(perm, stacked)
+        if is_fixed_scale(c):
+            return c.replace(value=fix(c.value, row, slot))
         if isinstance(c, QuantArray):
             return QuantArray(value=fix(c.value, row, slot), scale=fix(c.scale, row, slot, 1.0))
         return fix(c, row, slot)
 
     pos = jnp.repeat(cache.pos, repeat, axis=0) if repeat > 1 else cache.pos
     return KVCache(k=buf(cache.k, K_LAYOUT), v=buf(cache.v, V_LAYOUT),
-                   valid=fix(cache.valid, 0, 1, False), pos=pos, index=cache.index)
+                   valid=fix(cache.valid, 0, 1, False), pos=pos, index=cache.index,
+                   act_scales=cache.act_scales)
 
 
 def stack_buffers(bufs: Any) -> Any:

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models import layout
-from ais_jax.models.fp8 import QuantArray, linear, qdot
+from ais_jax.models.fp8 import QuantArray, act_amax, linear, qdot
 from ais_jax.models.fused import split_sizes
-from ais_jax.models.kv_cache import cache_update
+from ais_jax.models.kv_cache import ScaledView, cache_update
 from ais_jax.models.layout import ARCHITECTURES, ModelConfig  # ModelConfig lives with its table
 
 __all__ = ["ARCHITECTURES", "ModelConfig", "forward", "init_params"]
@@ -96,28 +96,41 @@ def apply_rope(x: jax.Array, pos: jax.Array, inv_freq: jax.Array) -> jax.Array:
     return x * cos + rot * sin
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def _attend(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
     """Grouped-query attention, softmax in float32.
 
     q ``[B, T, Q, H]``, k / v ``[B, S, K, H]``, mask ``[B, T, S]`` bool -> ``[B, T, Q*H]``.
+    k / v may be `ais_jax.models.kv_cache.ScaledView`s (a fixed-scale FP8
+    cache): their scales multiply the float32 scores / outputs.
     """
+    sk = k.scale if isinstance(k, ScaledView) else None
+    sv = v.scale if isinstance(v, ScaledView) else None
+    k, v = (a.x if isinstance(a, ScaledView) else a for a in (k, v))
     B, T, Qn, H = q.shape
     Kn = k.shape[2]
     q = q.reshape(B, T, Kn, Qn // Kn, H)  # [B, T, K, G, H]
     s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = s / math.sqrt(H)
+    s = s / math.sqrt(H) if sk is None else s * (sk / math.sqrt(H))
     s = jnp.where(mask[:, None, None], s, -1e30)
     p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
     o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    o = o if sv is None else o * sv
     return o.reshape(B, T, Qn * H).astype(q.dtype)
 
 
+ACT_INPUTS = ("qkv", "o", "gate_up", "down")  # the 4 linear inputs of a block, in order
+
+
 def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None, *,
-           kv_update=None, rows=None):
+           kv_update=None, rows=None, calibrate=False):
     """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
 
     ``rows`` (``[B, T]`` bool, optional): the real tokens; only they set the
     per-tensor activation scales of FP8 linears (`ais_jax.models.fp8.qdot`).
+    ``lp["act_scales"]`` (optional float32 ``[4]``, `ACT_INPUTS` order): fixed
+    activation scales of the FP8 linears (``act_scaling="prefill"`` decode
+    steps; no amax reduction).  ``calibrate``: also return the masked amax of
+    each of the 4 linear inputs, ``(x', ((k, v), amax [4]))``.
 
     Without a cache ``k`` / ``v`` are this block's ``[B, T, K, H]``.  With
     ``kv_update``, a function ``(k, v) -> ((k', v'), (keys, values))`` that
@@ -129,14 +142,20 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
     """
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    scales, amax = lp.get("act_scales"), []
+
+    def lin(h, name, i):  # linear of input i of ACT_INPUTS (fixed FP8 scale if given)
+        if calibrate and len(amax) == i:
+            amax.append(act_amax(h, rows))
+        s = None if scales is None else scales[i]
+        return linear(h, lp[name], lp.get("b" + name[1:]), rows, act_scale=s)
+
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     if "wqkv" in lp:  # the rollout's fused layout (ais_jax.models.fused): one GEMM
-        qkv = linear(h, lp["wqkv"], lp.get("bqkv"), rows)  # [B, T, QH + 2 KH]
+        qkv = lin(h, "wqkv", 0)  # [B, T, QH + 2 KH]
         q, k, v = jnp.split(qkv, split_sizes("wqkv", Q * H, K * H, 0), axis=-1)
     else:
-        q = linear(h, lp["wq"], lp.get("bq"), rows)
-        k = linear(h, lp["wk"], lp.get("bk"), rows)
-        v = linear(h, lp["wv"], lp.get("bv"), rows)
+        q, k, v = lin(h, "wq", 0), lin(h, "wk", 0), lin(h, "wv", 0)
     q, k, v = q.reshape(B, T, Q, H), k.reshape(B, T, K, H), v.reshape(B, T, K, H)
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
@@ -152,15 +171,16 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
     else:
         kx, vx = k, v
     o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
-    x = x + linear(o, lp["wo"], lp.get("bo"), rows)
+    x = x + lin(o, "wo", 1)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "w_gate_up" in lp:
-        gu = linear(h, lp["w_gate_up"], lp.get("b_gate_up"), rows)  # [B, T, 2 F]
+        gu = lin(h, "w_gate_up", 2)  # [B, T, 2 F]
         g, u = jnp.split(gu, split_sizes("w_gate_up", 0, 0, cfg.intermediate_size), axis=-1)
     else:
-        g = linear(h, lp["w_gate"], lp.get("b_gate"), rows)
-        u = linear(h, lp["w_up"], lp.get("b_up"), rows)
-    x = x + linear(jax.nn.silu(g) * u, lp["w_down"], lp.get("b_down"), rows)
+        g, u = lin(h, "w_gate", 2), lin(h, "w_up", 2)
+    x = x + lin(jax.nn.silu(g) * u, "w_down", 3)
+    if calibrate:
+        return x, ((k, v), jnp.stack(amax))
     return x, (k, v)
 
 
