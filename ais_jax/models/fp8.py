@@ -226,8 +226,9 @@ def linear(x: jax.Array, w: jax.Array | QuantArray | lora.LoraWeight, b: jax.Arr
 
     Full-precision weights multiply in ``x.dtype`` with float32 accumulation;
     `QuantArray` weights go through `qdot` (``valid``: ``[...]`` rows that may
-    set its activation scale; ``act_scale``: a fixed one, see `qdot`).  A `ais_jax.models.lora.LoraWeight` multiplies
-    its base weight the same way and adds its LoRA branch
+    set its activation scale; ``act_scale``: a fixed one, see `qdot`).  A
+    `ais_jax.models.lora.LoraWeight` multiplies its base weight the same way and
+    adds its LoRA branch
     (`ais_jax.models.lora.lora_delta`, float32) before the bias, unmerged.
     Returns ``[..., out]`` in ``x.dtype``.
     """
