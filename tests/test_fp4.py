@@ -402,7 +402,8 @@ def test_config_accepts_and_rejects_formats():
     with pytest.raises(UsageError, match=re.escape(
             "rollout.fp8_format must be one of 'e4m3', 'e5m2', 'nvfp4', 'mxfp4', got 'fp4'")):
         load_config(None, ["rollout.fp8_format=fp4"])
-    for key, value in (("act_scaling", "token"), ("weight_scaling", "channel")):
+    for key, value in (("act_scaling", "token"), ("act_scaling", "prefill"),
+                       ("weight_scaling", "channel")):
         with pytest.raises(UsageError, match=f"rollout.{key}='{value}' does not apply to "
                                              "rollout.fp8_format=nvfp4"):
             load_config(None, ["rollout.fp8_format=nvfp4", f"rollout.{key}={value}"])

@@ -174,6 +174,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     (["train.epochs=2"], "inner_iterations"),
     (["diffusion.p_mask=1.5"], "diffusion.p_mask"),
     (["rollout.top_k=5"], "top-k"),
+    (["rollout.act_scaling=prefill"], "no prefill / decode steps to fix FP8 scales"),
 ])
 def test_bad_diffusion_settings_are_usage_errors(tmp_path, over, needle):
     with pytest.raises(UsageError, match=needle):

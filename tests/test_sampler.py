@@ -12,7 +12,7 @@ from scipy import stats
 from ais_jax.method import distributions
 from ais_jax.method.distributions import sample_logits, token_logprobs, truncate_logits
 from ais_jax.models import decode as decode_lib
-from ais_jax.models import fp8
+from ais_jax.models import fp8, kv_cache
 from ais_jax.models import model as model_lib
 from ais_jax.models.model import ModelConfig
 from ais_jax.rollout import sampler
@@ -410,3 +410,34 @@ def test_bad_input_raises_one_clear_value_error(kwargs, tokens, mask, match):
     kw = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(ValueError, match=match):
         sample(PARAMS, tokens, mask, jax.random.key(0), CFG, **kw)
+
+
+@pytest.mark.slow  # ~15 s on 2 busy cores
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_prefill_scaled_fp8_logp_is_exactly_that_of_the_replayed_decode(kv_fp8):
+    """act_scaling="prefill" (fixed FP8 scales from the prefill): the recorded log-probs are
+    those of the distributions the decode steps sampled from, replayed step by step outside
+    the sampler (prefill, then one `extend` per sampled token with the same fixed scales)."""
+    rollout = fp8.to_rollout_params(PARAMS, act_scaling="prefill")
+    G, N, T = 2, 8, 0.9
+    out = sample(rollout, TOKENS, MASK, jax.random.key(6), CFG, max_new_tokens=N,
+                 temperature=T, num_samples=G, kv_fp8=kv_fp8, decode_segments=1)
+    P = TOKENS.shape[1]
+    logits, cache = decode_lib.prefill(rollout, jnp.asarray(TOKENS), jnp.asarray(MASK, bool),
+                                       CFG, P, dtype=jnp.float32, fp8=kv_fp8, last_only=True)
+    assert cache.act_scales.shape == (CFG.num_layers, 4)
+    cache = kv_cache.resize_cache(cache, G, P + N - 1)
+    steps = [jnp.repeat(logits[:, -1], G, axis=0)]
+    for t in range(N - 1):
+        logits, cache = decode_lib.extend(rollout, out.tokens[:, t:t + 1],
+                                          jnp.ones((len(out.tokens), 1), bool), cache, CFG)
+        steps.append(logits[:, 0])
+    replay = token_logprobs(jnp.stack(steps, 1), out.tokens, T)
+    np.testing.assert_allclose(out.logp, replay, atol=1e-5)
+    # close to the per-tensor-dynamic sampler, but not the same numbers
+    dyn = sample(fp8.to_rollout_params(PARAMS), TOKENS, MASK, jax.random.key(6), CFG,
+                 max_new_tokens=N, temperature=T, num_samples=G, kv_fp8=kv_fp8,
+                 decode_segments=1)
+    ref, _ = _rescore(PARAMS, TOKENS, MASK, out, G, T)
+    assert 0 < float(jnp.mean(jnp.abs(out.logp - ref))) < 0.5
+    assert not np.array_equal(np.asarray(out.logp), np.asarray(dyn.logp))
