@@ -10,7 +10,9 @@ device (``mesh.fsdp=1``) with the arm's overrides and ``batch / 8`` prompts x
 ``G = 8`` samples.  Arms: ``bf16`` (``rollout.precision=bf16``), ``fp8`` (W8A8,
 E4M3, per-tensor weight and activation scales), ``fp8_kv`` (``fp8`` +
 ``rollout.kv_cache_fp8=true``), ``fp8_token`` (``fp8`` +
-``rollout.act_scaling=token``).  No EOS id: every row decodes the full budget.
+``rollout.act_scaling=token``), ``fp8_prefill`` / ``fp8_prefill_kv`` (``fp8`` / ``fp8_kv``
+with ``rollout.act_scaling=prefill``: scales fixed by the prefill, no amax in a decode
+step).  No EOS id: every row decodes the full budget.
 
 The params are random, made on the device by one jitted init directly in
 bfloat16 (an f32 master copy of the 8B model would take minutes to build and

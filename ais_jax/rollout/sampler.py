@@ -48,9 +48,12 @@ Details:
   sampling).  Scanned layers, FP8 weights and other backends keep
   ``[out, in]`` (scanned, the transposed copies made the steps slower).
 * ``kv_fp8=True`` stores the KV cache as float8 E4M3 with one scale per
-  (layer, row, token).  The paper keeps the cache in BF16: this is an extra
-  memory option, off by default, and adds its own mismatch.  On CPU float8
-  conversions are software-emulated, so it is much slower there.
+  (layer, row, token), or, for FP8 params with ``act_scaling="prefill"``, one
+  fixed scale per layer and buffer set by the prefill (`ais_jax.models.decode.prefill`;
+  those params also fix their activation scales there).  The paper keeps the
+  cache in BF16: this is an extra memory option, off by default, and adds its
+  own mismatch.  On CPU float8 conversions are software-emulated, so it is
+  much slower there.
 * Called under an outer `jax.jit` (traced prompts) the value checks on the
   prompts are skipped; shape and setting checks always run.
 """
@@ -340,7 +343,8 @@ def sample(
       eos_id: an id or a sequence of ids that end a row; None: never stop early.
       num_samples: ``G`` samples per prompt (prompt prefilled once).
       pad_id: token written after EOS (default: the first EOS id, else 0).
-      kv_fp8: FP8 E4M3 KV cache, one scale per (layer, row, token) (off by default).
+      kv_fp8: FP8 E4M3 KV cache, one scale per (layer, row, token), or per layer fixed
+        by the prefill for ``act_scaling="prefill"`` params (off by default).
       decode_segments: the decode loop is split into this many segments, each
         attending to a statically sized prefix of the cache (more segments: less
         attention work, longer compile). None: `default_segments`
