@@ -50,22 +50,12 @@ TIMING = ("step_time_s", "timing_s/rollout", "timing_s/host", "timing_s/update",
           "perf/tokens_per_s", "perf/rollout_flops_per_s", "perf/update_flops_per_s", "perf/mfu")
 
 
-def production_xla_flags(flags: str) -> str:
-    """``flags`` without ``--xla_backend_optimization_level``: the golden numbers are those of
-    XLA's default (production) optimization level.  The test suite compiles at level 0 to save
-    compile time (tests/conftest.py), which changes bf16 results in the last bits and so the
-    sampled tokens of a run; the golden run must not inherit it."""
-    return " ".join(f for f in flags.split()
-                    if not f.startswith("--xla_backend_optimization_level"))
-
-
 def run_golden(out_dir: str) -> dict:
     """Run the golden command into ``out_dir``; return its metrics and evaluations."""
     cmd = [sys.executable, "-m", "ais_jax.train", "--config",
            os.path.join(ROOT, "configs", "tiny_arithmetic.yaml"), f"out_dir={out_dir}",
            *OVERRIDES]
-    env = dict(os.environ, XLA_FLAGS=production_xla_flags(os.environ.get("XLA_FLAGS", "")))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"golden run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
