@@ -33,6 +33,15 @@ _CACHE = os.environ["AIS_JAX_TEST_CACHE"]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)  # turns JAX's file lock on
 os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)
+# Only programs that take 1 s or more to compile (JAX's default) go into the cache.  A run
+# (`ais_jax.run.runtime.setup_compile_cache`) otherwise lowers the threshold to 0 for its whole
+# process -- the in-process CLI tests did that to their xdist worker -- and then every later
+# compile of that worker, a 20 ms eager op included, wrote an entry; each write takes the file
+# lock and lists and stats the whole directory (JAX's eviction check), which grows to thousands
+# of entries over a session.  Later modules compiled ~1.3-1.6x slower: tests/test_decode.py took
+# 65 s after nine other files against 51 s with this variable (two runs side by side).  JAX's
+# own variable wins over the run's thresholds, in the workers and in every process they start.
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1.0"
 # The suite's programs are tiny: their cost is compiling, not running.  LLVM's expensive
 # passes (loop vectorization and the like) cost ~10% of the CPU time of a compile-bound file
 # (tests/test_sampler.py: 125 vs 139 user s, two alternating runs each) and change no number:

@@ -75,7 +75,9 @@ def test_defaults_and_resolution(tmp_path):
     assert load_config(None, ["runtime.compile_cache=none"]).runtime.compile_cache == "none"
 
 
-def test_setup_writes_the_cache_and_turns_it_off(tmp_path):
+def test_setup_writes_the_cache_and_turns_it_off(tmp_path, monkeypatch):
+    # the suite sets JAX's own threshold variable (tests/conftest.py), which wins over ours
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
     cache = tmp_path / "cache"
     assert runtime.setup(RuntimeSection(compile_cache=str(cache))) == str(cache)
     assert jax.config.jax_compilation_cache_dir == str(cache)
@@ -84,6 +86,11 @@ def test_setup_writes_the_cache_and_turns_it_off(tmp_path):
     assert [p for p in os.listdir(cache) if p.endswith("-cache")]
     assert runtime.setup(RuntimeSection(compile_cache="none")) is None
     assert jax.config.jax_compilation_cache_dir is None
+    # JAX's own variable wins: the run leaves the threshold it set alone
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    runtime.setup_compile_cache(RuntimeSection(compile_cache=str(cache)),
+                                {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1.0"})
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
 
 
 def test_bad_directories(tmp_path, monkeypatch, capsys):
@@ -125,9 +132,12 @@ _PROBE = textwrap.dedent("""
 
 
 def test_second_process_hits_the_cache(tmp_path):
+    env = dict(os.environ)  # without the suite's threshold (tests/conftest.py): the run's own
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+
     def probe():
         out = subprocess.run([sys.executable, "-c", _PROBE, str(tmp_path / "cache")],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
         return int(out.stdout.split()[-1])
 
@@ -153,7 +163,8 @@ def test_trace_is_stopped_when_a_step_fails(tmp_path, capsys):
 
 
 @pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
-def test_profiled_cli_run_writes_a_trace_and_the_cache(tmp_path, capsys):
+def test_profiled_cli_run_writes_a_trace_and_the_cache(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)  # conftest's
     out, cache = tmp_path / "run", tmp_path / "cache"
     code = train.main([f"out_dir={out}", *TINY, "train.steps=3", "runtime.profile_steps=1",
                        f"runtime.compile_cache={cache}", "--profile"])
