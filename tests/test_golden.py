@@ -52,7 +52,8 @@ def _mismatch(want: dict, got: dict) -> str | None:
     return None
 
 
-@pytest.mark.slow  # one ~40 s CLI run: 60 warm-start steps + 4 GRPO steps + 3 evaluations
+@pytest.mark.xla_optimized  # the run compiles as a user's (and scripts/golden_run.py's) does
+@pytest.mark.slow  # one ~50 s CLI run: 60 warm-start steps + 4 GRPO steps + 3 evaluations
 def test_golden_run_matches(tmp_path):
     files = golden_run.golden_files()
     assert files, "no tests/golden/golden_run_*.json: run python scripts/golden_run.py"

@@ -45,6 +45,7 @@ def _reference(prompt: np.ndarray, gen_length: int, block_length: int, steps: in
     return x
 
 
+@pytest.mark.xla_optimized  # bit-identical to another program: compiled as a user's run
 @pytest.mark.parametrize("gen_length,block_length,steps", [(8, 8, 8), (12, 4, 6), (10, 5, 4),
                                                             (6, 6, 4)])
 def test_greedy_matches_reference_loop(gen_length, block_length, steps):

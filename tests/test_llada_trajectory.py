@@ -67,6 +67,7 @@ def _complete(out):
     return np.asarray(out.logprobs) + np.asarray(out.select_logprobs)
 
 
+@pytest.mark.xla_optimized  # bit-identical to another program: compiled as a user's run
 @pytest.mark.slow  # ~9 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("n,block,steps,temperature,remasking", [
     (8, 4, 4, 1.0, "low_confidence"),  # 2 of 4, then 2 of 2 masked positions per block

@@ -52,6 +52,7 @@ def _mc_sample(gen_length: int, steps: int, temperature: float):
                     num_samples=MC_ROWS)
 
 
+@pytest.mark.xla_optimized  # bit-identical to another program: compiled as a user's run
 @pytest.mark.slow  # ~18 s in the full suite on 2 busy cores
 def test_one_step_reveal_frequencies_match_the_complete_record():
     """4 masked positions, the first step reveals the 2 most confident candidates: each

@@ -27,6 +27,8 @@ from ais_jax.run import runtime
 
 TINY = [*TINY_RUN, "checkpoint.every=0"]
 _FLAGS = ("jax_compilation_cache_dir", *runtime._THRESHOLDS)
+# JAX's own threshold variable: the suite sets it (tests/conftest.py), and it wins over a run's
+SUITE_THRESHOLD = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
 @pytest.fixture(autouse=True)
@@ -76,8 +78,7 @@ def test_defaults_and_resolution(tmp_path):
 
 
 def test_setup_writes_the_cache_and_turns_it_off(tmp_path, monkeypatch):
-    # the suite sets JAX's own threshold variable (tests/conftest.py), which wins over ours
-    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
+    monkeypatch.delenv(SUITE_THRESHOLD, raising=False)  # what a user gets
     cache = tmp_path / "cache"
     assert runtime.setup(RuntimeSection(compile_cache=str(cache))) == str(cache)
     assert jax.config.jax_compilation_cache_dir == str(cache)
@@ -89,7 +90,7 @@ def test_setup_writes_the_cache_and_turns_it_off(tmp_path, monkeypatch):
     # JAX's own variable wins: the run leaves the threshold it set alone
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     runtime.setup_compile_cache(RuntimeSection(compile_cache=str(cache)),
-                                {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1.0"})
+                                {SUITE_THRESHOLD: "1.0"})
     assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
 
 
@@ -133,7 +134,7 @@ _PROBE = textwrap.dedent("""
 
 def test_second_process_hits_the_cache(tmp_path):
     env = dict(os.environ)  # without the suite's threshold (tests/conftest.py): the run's own
-    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    env.pop(SUITE_THRESHOLD, None)
 
     def probe():
         out = subprocess.run([sys.executable, "-c", _PROBE, str(tmp_path / "cache")],
@@ -164,7 +165,7 @@ def test_trace_is_stopped_when_a_step_fails(tmp_path, capsys):
 
 @pytest.mark.slow  # ~15 s in the full suite on 2 busy cores
 def test_profiled_cli_run_writes_a_trace_and_the_cache(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)  # conftest's
+    monkeypatch.delenv(SUITE_THRESHOLD, raising=False)  # what a user gets
     out, cache = tmp_path / "run", tmp_path / "cache"
     code = train.main([f"out_dir={out}", *TINY, "train.steps=3", "runtime.profile_steps=1",
                        f"runtime.compile_cache={cache}", "--profile"])
