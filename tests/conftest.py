@@ -33,48 +33,70 @@ _CACHE = os.environ["AIS_JAX_TEST_CACHE"]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)  # turns JAX's file lock on
 os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)
-# Only programs that take 1 s or more to compile (JAX's default) go into the cache.  A run
+# Only programs that take 0.1 s or more to compile go into the cache (a few hundred over a
+# session: the ones the CLI runs of many tests share).  A run
 # (`ais_jax.run.runtime.setup_compile_cache`) otherwise lowers the threshold to 0 for its whole
 # process -- the in-process CLI tests did that to their xdist worker -- and then every later
 # compile of that worker, a 20 ms eager op included, wrote an entry; each write takes the file
 # lock and lists and stats the whole directory (JAX's eviction check), which grows to thousands
 # of entries over a session.  Later modules compiled ~1.3-1.6x slower: tests/test_decode.py took
-# 65 s after nine other files against 51 s with this variable (two runs side by side).  JAX's
+# 65 s after nine other files against 51 s with a 1 s threshold (two runs side by side).  JAX's
 # own variable wins over the run's thresholds, in the workers and in every process they start.
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1.0"
-# The suite's programs are tiny: their cost is compiling them, not running them.  JAX's
-# `jax_disable_most_optimizations` compiles at XLA's backend optimization level 0 (and without
-# LLVM's expensive passes): a 1-step tiny CLI run and a LLaDA one used 21 s of CPU against 34 s
-# at the default level, and the suite took 15m43s against 20m41s on 2 idle cores.  Results
-# agree to float rounding, but not always bit for bit between two *different* programs.  So a
-# test carries ``@pytest.mark.xla_optimized``, and compiles at the default level as a user's
-# run does (in its own process and in those it starts), when it claims that two programs give
-# identical bits, when it guards the golden numbers, or when its time is spent running a
-# real-size model rather than compiling (SmolLM2's notebook: 77 s at level 0, 31 s at the
-# default).  Processes the tests start inherit the variable.
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
+# The suite's programs are tiny: their cost is compiling them, not running them.  So the suite
+# compiles with XLA's cheapest settings: JAX's `jax_disable_most_optimizations` (backend
+# optimization level 0, no expensive LLVM passes) and XLA:CPU's older elemental emitters in place
+# of its MLIR fusion emitters (`--xla_cpu_use_fusion_emitters=false`).  A 1-step tiny CLI run and
+# a LLaDA one used 34 s of CPU at the defaults, 20 s at level 0 and 10 s with both; the suite
+# took 20m41s, 15m43s and 10m37s on 2 idle cores.
+#
+# What these settings change: float32 results to rounding (reductions in another order), so two
+# *different* programs no longer always give identical bits; and float4_e2m1fn conversions,
+# which the elemental emitters round twice (through a 16-bit float: 1.7498 becomes 2.0, not
+# 1.5; tests/test_suite_settings.py).  FP8 and bf16 conversions are exact in both.  A test
+# carries ``@pytest.mark.xla_optimized`` -- and compiles as a user's run does, in its own process
+# and in those it starts -- when its claim depends on that: two programs giving identical bits
+# or agreeing to ~1e-6, FP4 rounding, the golden numbers, or real-size model work whose time is
+# running, not compiling (SmolLM2's notebook: 77 s at level 0, 31 s at the defaults).
+# Processes the tests start inherit both settings.
 _LEVEL_0 = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 os.environ[_LEVEL_0] = "1"
+_FLAGS = os.environ.get("XLA_FLAGS", "")
+if NO_FUSION_EMITTERS not in _FLAGS.split():
+    os.environ["XLA_FLAGS"] = (_FLAGS + " " + NO_FUSION_EMITTERS).strip()
 
 
 @pytest.fixture(autouse=True)
 def _xla_optimized(request):
-    """For a test marked ``xla_optimized``: XLA's default optimization level, in this process
-    and in every process the test starts."""
+    """For a test marked ``xla_optimized``: XLA's default settings, in this process (JAX's
+    flag, and the fusion emitters back on through each compile's option overrides: XLA_FLAGS
+    is read once per process) and in every process the test starts (the environment)."""
     if request.node.get_closest_marker("xla_optimized") is None:
         yield
         return
     import jax
+    from jax._src import compiler
+
+    plain = compiler.get_compile_options
+
+    def with_fusion_emitters(*args, env_options_overrides=None, **kwargs):
+        overrides = {**(env_options_overrides or {}), "xla_cpu_use_fusion_emitters": True}
+        return plain(*args, env_options_overrides=overrides, **kwargs)
 
     mp = pytest.MonkeyPatch()
     mp.delenv(_LEVEL_0)
-    jax.clear_caches()  # no program compiled at level 0 is reused
+    mp.setenv("XLA_FLAGS", " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                                    if f != NO_FUSION_EMITTERS))
+    mp.setattr(compiler, "get_compile_options", with_fusion_emitters)
+    jax.clear_caches()  # no program compiled with the suite's settings is reused
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", True)
-        jax.clear_caches()
         mp.undo()
+        jax.clear_caches()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _tiny import TINY_RUN
+from _tiny import TINY_RUN, child_env
 
 from ais_jax.config.load import load_config
 from ais_jax.core.errors import UsageError
@@ -157,7 +157,7 @@ def test_micro_batch_size_is_accepted_for_llada_but_epochs_are_not():
 
 @pytest.mark.slow  # ~45 s: a subprocess that compiles update, rollout and score ahead of time
 def test_plan_of_a_tiny_llada_config_on_two_devices():
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env = child_env()
     res = subprocess.run(
         [sys.executable, "-m", "ais_jax.plan", "--json", "--prompt-len", "6", *LLADA_RUN,
          "model.hidden_size=32", "model.num_heads=2", "rollout.prompts_per_step=4",

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import TINY_RUN, first_prompts, params_digest
+from _tiny import TINY_RUN, child_env, first_prompts, params_digest
 
 from ais_jax.config.load import load_config
 from ais_jax.models import lora
@@ -173,14 +173,13 @@ def test_llada_lora_resume_with_warm_base_kl_and_dropout(tmp_path):
 def test_plan_counts_llada_lora():
     """``python -m ais_jax.plan`` for a LLaDA policy with LoRA: the params are the bfloat16
     base, the optimizer state the adapters' Adam moments (8 bytes per adapter parameter)."""
-    import os
     import subprocess
     import sys
 
     over = [*TINY_RUN[:6], "rollout.prompts_per_step=4", "rollout.group_size=2",
             "rollout.max_new_tokens=8", "sft.steps=0", "model.kind=llada",
             "diffusion.block_length=4", "diffusion.steps=4", *LORA]
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env = child_env()
     proc = subprocess.run([sys.executable, "-m", "ais_jax.plan", "--json", "--prompt-len", "8",
                            *over], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -4,13 +4,12 @@ PEFT + merged export, resume of a warm-started base, and one-line refusals of ba
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _tiny import TINY_RUN, first_prompts, params_digest
+from _tiny import TINY_RUN, child_env, first_prompts, params_digest
 
 from ais_jax.config.load import load_config
 from ais_jax.models import lora
@@ -225,8 +224,7 @@ def test_plan_understands_lora():
 
     tiny = [*TINY_RUN[:6], "rollout.prompts_per_step=4", "rollout.group_size=2",
             "rollout.max_new_tokens=4", "sft.steps=0", "mesh.fsdp=2"]
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
-    env["JAX_NUM_CPU_DEVICES"] = "2"
+    env = child_env(2)
     procs = {name: subprocess.Popen(
         [sys.executable, "-m", "ais_jax.plan", "--json", "--prompt-len", "8", *tiny, *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -8,13 +8,12 @@ run in-process without compiling anything.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import jax
 import pytest
-from _tiny import TINY_MODEL
+from _tiny import TINY_MODEL, child_env
 
 from ais_jax.core.errors import UsageError
 from ais_jax.models.hf_config import HF_PRESETS, hf_config_from_model_config
@@ -26,10 +25,8 @@ TINY = [*TINY_MODEL, "rollout.prompts_per_step=4", "rollout.group_size=2",
 
 
 def _env(devices: int | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
-    if devices is not None:  # as a user would; --devices defaults to the mesh product anyway
-        env["JAX_NUM_CPU_DEVICES"] = str(devices)
-    return env
+    # JAX_NUM_CPU_DEVICES as a user would set it; --devices defaults to the mesh product anyway
+    return child_env(devices)
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests._tiny import TINY_MODEL
+from tests._tiny import TINY_MODEL, child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = [*TINY_MODEL, "model.hidden_size=64", "model.intermediate_size=128",
@@ -65,7 +65,7 @@ def test_startup_never_holds_a_sharded_leaf_whole_on_one_device(hf_dir, llada_di
         "llada_dir": [*BASE, f"model.source={llada_dir}"],
         "lora_hf": [*BASE, f"model.source={hf_dir}", "lora.rank=4", "lora.alpha=8"],
     }
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env = child_env()
     env.update(JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "_startup_probe.py"),
                         json.dumps(cases)], capture_output=True, text=True, timeout=600,

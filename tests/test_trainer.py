@@ -45,6 +45,7 @@ def _run(cfg, params, batch, rewards, key, ref=None, **kw):
     return grads, {k: float(v) for k, v in mets.items()}
 
 
+@pytest.mark.xla_optimized  # two programs' gradients agree to 1e-6 of the largest: as a user's run
 @pytest.mark.slow  # ~22 s in the full suite on 2 busy cores
 @pytest.mark.parametrize("overrides", [
     (), ("ais.mode=tis",), ("train.beta_kl=0.05",), ("train.loss_aggregation=constant",),

@@ -1,0 +1,59 @@
+"""The suite's compiler settings (tests/conftest.py) are in effect, and a test marked
+``xla_optimized`` compiles as a user's run does, in its own process and in those it starts.
+
+The probe is the one difference between the two that a test can see without comparing two
+programs: XLA:CPU's elemental emitters (the suite's) convert float32 to float4_e2m1fn through
+a 16-bit float, so 1.7497942 (below the 1.75 midpoint of the grid points 1.5 and 2) first
+becomes 1.75 and then, as a tie, 2.0; the fusion emitters (a user's) round once, to 1.5.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import NO_FUSION_EMITTERS
+
+X = 1.7497942  # float32(1.7497942) < 1.75
+
+
+def _e2m1(x: float) -> float:
+    """``x`` through a fused float32 -> float4_e2m1fn -> float32 conversion."""
+    f = jax.jit(lambda a: (a * 1.0 + 0.0).astype(jnp.float4_e2m1fn).astype(jnp.float32) * 2.0)
+    return float(f(jnp.float32(x))) / 2.0
+
+
+_CHILD = f"""
+import jax, jax.numpy as jnp
+f = jax.jit(lambda a: (a * 1.0 + 0.0).astype(jnp.float4_e2m1fn).astype(jnp.float32) * 2.0)
+print(jax.config.values["jax_disable_most_optimizations"], float(f(jnp.float32({X!r}))) / 2.0)
+"""
+
+
+def _child() -> str:
+    out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_the_suite_compiles_at_level_0_with_the_elemental_emitters():
+    assert np.float32(X) < np.float32(1.75)
+    assert jax.config.values["jax_disable_most_optimizations"]
+    assert NO_FUSION_EMITTERS in os.environ["XLA_FLAGS"].split()
+    # If this fails, XLA's elemental emitters no longer round FP4 twice: the FP4 tests
+    # (tests/test_fp4.py) may drop their xla_optimized mark.
+    assert _e2m1(X) == 2.0
+    assert _child() == ["True", "2.0"]  # a process the test starts inherits the settings
+
+
+@pytest.mark.xla_optimized
+def test_a_marked_test_compiles_as_a_users_run():
+    assert not jax.config.values["jax_disable_most_optimizations"]
+    assert _e2m1(X) == 1.5  # round to nearest
+    assert _child() == ["False", "1.5"]
