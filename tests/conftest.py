@@ -48,7 +48,7 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
 # optimization level 0, no expensive LLVM passes) and XLA:CPU's older elemental emitters in place
 # of its MLIR fusion emitters (`--xla_cpu_use_fusion_emitters=false`).  A 1-step tiny CLI run and
 # a LLaDA one used 34 s of CPU at the defaults, 20 s at level 0 and 10 s with both; the suite
-# took 20m41s, 15m43s and 10m37s on 2 idle cores.
+# took 20m41s, 15m43s and 10m56s on 2 idle cores (in the working tree).
 #
 # What these settings change: float32 results to rounding (reductions in another order), so two
 # *different* programs no longer always give identical bits; and float4_e2m1fn conversions,
@@ -89,12 +89,13 @@ def _xla_optimized(request):
     mp.setenv("XLA_FLAGS", " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                                     if f != NO_FUSION_EMITTERS))
     mp.setattr(compiler, "get_compile_options", with_fusion_emitters)
+    level_0 = jax.config.values["jax_disable_most_optimizations"]
     jax.clear_caches()  # no program compiled with the suite's settings is reused
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", True)
+        jax.config.update("jax_disable_most_optimizations", level_0)
         mp.undo()
         jax.clear_caches()
 
