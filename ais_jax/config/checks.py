@@ -173,6 +173,18 @@ def _validate_train(tr: TrainSection, r: RolloutSection) -> None:
     )
 
 
+def _validate_proximal(cfg: Config) -> None:
+    """``train.proximal=behaviour`` (naive PPO): the ratio against the sampler's log-probs."""
+    if cfg.train.proximal != "behaviour":
+        return
+    _require(cfg.ais.mode == "none", "train.proximal=behaviour takes the PPO ratio against "
+             "the sampler's log-probs, which is already the importance ratio; set ais.mode=none "
+             f"(got {clip(cfg.ais.mode)}) or train.proximal=current")
+    _require(cfg.rollout.top_k == 0 and cfg.rollout.top_p == 1.0, "train.proximal=behaviour "
+             "compares the trainer's full distribution with the sampler's log-probs; set "
+             "rollout.top_k=0 rollout.top_p=1 or train.proximal=current")
+
+
 def _validate_rest(cfg: Config) -> None:
     s = cfg.sft
     _require(s.steps >= 0, f"sft.steps must be >= 0 (0 skips SFT), got {s.steps}")
@@ -285,6 +297,9 @@ def check_diffusion(cfg: Config) -> None:
              "FP8 scales in; set rollout.act_scaling=tensor or token")
     _require(not r.fused_linears, "the LLaDA model has no fused rollout layout; set "
              "rollout.fused_linears=false")
+    _require(tr.proximal == "current", "train.proximal=behaviour needs token log-probs of "
+             "one policy; a LLaDA sampler's reveal-time log-probs do not compare with the "
+             "trainer's estimates (docs/llada.md); set train.proximal=current")
     _require(r.staleness == 0, "asynchronous rollouts (rollout.staleness > 0) do not support "
              "a LLaDA policy yet; set rollout.staleness=0")
     _require(cfg.mesh.rollout_devices == 0, "mesh.rollout_devices > 0 does not support a LLaDA "
@@ -348,6 +363,7 @@ def validate_config(cfg: Config) -> None:
     _validate_model_task(cfg.model, cfg.task)
     _validate_rollout_ais(cfg.rollout, cfg.ais)
     _validate_train(cfg.train, cfg.rollout)
+    _validate_proximal(cfg)
     _validate_rest(cfg)
     check_lora(cfg)
     if cfg.model.kind == "llada":

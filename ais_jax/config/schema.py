@@ -167,6 +167,9 @@ class TrainSection:
     logprob_chunk: int = 64  # completion positions per lm_head application in log-probs; 0 = all
     clip_eps: float = 0.2  # PPO clip range (lower side; upper side too unless clip_eps_high)
     clip_eps_high: float = 0.0  # upper clip range (DAPO clip-higher); 0 = same as clip_eps
+    # the PPO ratio's denominator: current (the trainer's log-probs under the params that start
+    # the update) | behaviour (the sampler's log-probs: AReaL's naive PPO; needs ais.mode=none)
+    proximal: str = "current"
     beta_kl: float = 0.0  # weight of the k3 KL penalty to the reference policy; 0 disables
     loss_aggregation: str = "token_mean"  # token_mean | seq_mean_token_mean | constant
     reward_format_weight: float = 0.0  # reward bonus for a well-formed answer (chat prompts)
@@ -335,4 +338,5 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.weight_scaling": ("tensor", "channel"),
     "ais.mode": ("ais", "tis", "none", "token_mask", "seq_tis", "seq_mask", "geo_mask"),
     "train.loss_aggregation": ("token_mean", "seq_mean_token_mean", "constant"),
+    "train.proximal": ("current", "behaviour"),
 }

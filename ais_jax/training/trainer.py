@@ -197,6 +197,8 @@ def _correct(logp_old: Any, batch: RolloutBatch, adv_tok: jax.Array,
              cfg: Config) -> tuple[grpo.GRPOBatch, dict[str, jax.Array]]:
     """The correction mode (``ais.mode``) on the trainer's ``logp_old``: the `grpo.GRPOBatch`
     of the update (loss mask = the mode's keep mask, ``A_tilde``) and the batch metrics.
+    The batch's proximal log-probs are ``logp_old``, or the sampler's ``batch.logp`` with
+    ``train.proximal=behaviour`` (the mismatch metrics stay the trainer's).
 
     ``logp_old``: ``[B, N]``, or ``(truncated, full)`` when the rollout truncates.  A
     valid token outside the trainer's truncated set (``logp_old = -inf``) has
@@ -212,8 +214,10 @@ def _correct(logp_old: Any, batch: RolloutBatch, adv_tok: jax.Array,
                              beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
                              use_mis=a.use_mis, use_var=a.use_var)
     keep = res.keep
+    # train.proximal=behaviour (naive PPO): the ratio and clip against the sampler's log-probs
+    prox = batch.logp if cfg.train.proximal == "behaviour" else lo
     gb = grpo.GRPOBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens,
-                        keep.astype(jnp.float32), lo, res.advantages, None, lo_full)
+                        keep.astype(jnp.float32), prox, res.advantages, None, lo_full)
     extra = {
         "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
         "loss_tokens": jnp.sum(keep).astype(jnp.float32),
