@@ -218,6 +218,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
     import replication
     import smollm2_fp4
     import smollm2_mechanism
+    import staleness_followup
     from prereg_index import index_table
     names = runs()
     loaded = {n: load(n) for n in names}
@@ -286,6 +287,7 @@ def cmd_report(results: str = RESULTS, figures: str = FIGURES) -> None:
         *smollm2_mechanism.render(),
         *smollm2_fp4.render(),
         *async_staleness.render(figures=figures),
+        *staleness_followup.render(),
         "## The short-response setting (the embedded default)",
         "",
         "### Setting",

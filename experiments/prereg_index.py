@@ -39,6 +39,8 @@ STUDIES = (
           "#smollm2-135m-instruct-with-nvfp4-rollouts-pre-registered"),
     Study("async_staleness", "Asynchronous rollouts, staleness 1 and 4 (FP8 E4M3)",
           "#asynchronous-rollouts-staleness-and-fp8-in-one-correction-pre-registered"),
+    Study("staleness_followup", "Staleness k = 4: AIS vs naive PPO, and at lr 2.5e-5 (FP8 E4M3)",
+          "#staleness-follow-up-naive-ppo-and-a-smaller-step-pre-registered"),
     Study("llada_complete_ratio", "LLaDA: AIS with the complete trajectory ratio (FP8 E4M3)",
           "results_llada.md#the-complete-trajectory-ratio-ais-against-fp8-and-the-estimator-"
           "pre-registered"),
