@@ -362,6 +362,7 @@ def test_nan_trainer_logprob_is_guarded_like_minus_inf():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # ~8 s on 2 busy cores
 @settings(max_examples=100, deadline=None)
 @given(_batch(garbage=False), st.integers(0, 10**6), st.sampled_from(["ais", "tis", "none"]))
 def test_property_nan_trainer_logprob_equals_minus_inf(b, where, mode):
