@@ -343,3 +343,77 @@ def test_property_finite_statistics_for_any_finite_inputs(b, mode):
         assert np.isfinite(float(v)), k
     assert np.all(np.isfinite(np.asarray(r.weights)))
     assert not np.any(np.isnan(np.asarray(r.advantages)))  # |A| w may exceed float32 max
+
+
+# ------------------------------------------- issue 55 rows 12 and 13: NaN guard, input checks
+
+
+def test_nan_trainer_logprob_is_guarded_like_minus_inf():
+    lt = jnp.log(jnp.asarray(W_BAR)).at[1].set(jnp.nan)  # a valid position
+    r = ais_coefficient(lt, jnp.zeros(4), ADV, jnp.ones(4))
+    for leaf in jax.tree.leaves(r):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+    assert float(r.w_bar[1]) == 0.0
+    # The NaN gap enters d_bar as LOG_RATIO_BOUND, as a -inf one does.
+    np.testing.assert_allclose(float(r.d_bar), (abs(math.log(0.8)) + LOG_RATIO_BOUND
+                                                + math.log(1.2) + math.log(2.0)) / 4, rtol=1e-6)
+    ref = ais_coefficient(lt.at[1].set(-jnp.inf), jnp.zeros(4), ADV, jnp.ones(4))
+    for a, b in zip(jax.tree.leaves(r), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow  # ~8 s on 2 busy cores
+@settings(max_examples=100, deadline=None)
+@given(_batch(garbage=False), st.integers(0, 10**6), st.sampled_from(["ais", "tis", "none"]))
+def test_property_nan_trainer_logprob_equals_minus_inf(b, where, mode):
+    lt, lr, adv, mask = b
+    flat = np.flatnonzero(mask)
+    if flat.size == 0:
+        return
+    i = np.unravel_index(flat[where % flat.size], lt.shape)
+    nan, ninf = lt.copy(), lt.copy()
+    nan[i], ninf[i] = np.nan, -np.inf
+    r, ref = _jitted(nan, lr, adv, mask, mode=mode), _jitted(ninf, lr, adv, mask, mode=mode)
+    for a, c in zip(jax.tree.leaves(r), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    assert not np.isnan(float(r.alpha))
+
+
+def test_nan_rollout_logprob_still_propagates():
+    lr = jnp.zeros(4).at[1].set(jnp.nan)  # outside the contract: an upstream error
+    r = ais_coefficient(jnp.log(jnp.asarray(W_BAR)), lr, ADV, jnp.ones(4))
+    assert np.isnan(float(r.alpha)) and np.isnan(float(r.d_bar))
+
+
+def test_scalars_are_a_one_token_batch():
+    r = ais_coefficient(0.0, 0.0, 0.0, 1.0)
+    assert r.weights.shape == () and float(r.num_valid) == 1.0
+    assert float(r.weights) == 1.0 and float(r.alpha) == 0.0  # d_bar = 0: alpha_mis = 0
+    t = ais_coefficient(-0.5, -0.2, 2.0, 1.0, mode="tis")
+    np.testing.assert_allclose(float(t.weights), math.exp(-0.3), rtol=1e-6)
+    np.testing.assert_allclose(float(t.advantages), 2.0 * math.exp(-0.3), rtol=1e-6)
+    assert float(ais_coefficient(-0.5, -0.2, 2.0, 0.0).num_valid) == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.5, 2.0, np.nan])
+def test_mask_values_other_than_0_and_1_are_refused(bad):
+    mask = np.array([1.0, bad, 0.0, 1.0])
+    x = jnp.zeros(4)
+    with pytest.raises(ValueError, match=r"ais_coefficient: mask must hold only 0 and 1"):
+        ais_coefficient(x, x, ADV, mask)
+    if bad in (-1.0, 2.0):  # an integer mask too
+        with pytest.raises(ValueError, match=r"got 1 other value\(s\), e\.g\. -?[12]"):
+            ais_coefficient(x, x, ADV, mask.astype(np.int32))
+    # Under jit the mask is traced: its values are taken as given (nonzero is valid).
+    r = jax.jit(ais_coefficient)(x, x, ADV, mask)
+    assert float(r.num_valid) == 3.0
+
+
+def test_jit_keeps_the_static_checks():
+    f = jax.jit(ais_coefficient)
+    np.testing.assert_allclose(float(f(jnp.log(W_BAR), jnp.zeros(4), ADV, jnp.ones(4)).alpha),
+                               0.847, atol=5e-4)
+    with pytest.raises(ValueError, match="inputs must have one shape"):
+        f(jnp.zeros(4), jnp.zeros(4), jnp.zeros(4), jnp.ones(3))
+    with pytest.raises(ValueError, match="float"):
+        f(jnp.zeros(4, jnp.int32), jnp.zeros(4), jnp.zeros(4), jnp.ones(4))

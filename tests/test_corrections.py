@@ -214,13 +214,38 @@ def test_plus_inf_token_cannot_meet_minus_inf():
         assert np.asarray(r.keep).all() == (mode != "geo_mask"), mode
 
 
-def test_nan_in_a_valid_position_propagates():
-    lt = np.array([[np.nan, 0.1], [0.0, 0.2]])
+def test_nan_rollout_logprob_in_a_valid_position_propagates():
+    lr = np.array([[np.nan, 0.1], [0.0, 0.2]])  # outside the contract: an upstream error
     for mode in CORRECTION_MODES:
-        r = correction_weights(lt, np.zeros((2, 2)), np.ones((2, 2)), np.ones((2, 2)), mode=mode)
+        r = correction_weights(np.zeros((2, 2)), lr, np.ones((2, 2)), np.ones((2, 2)), mode=mode)
         assert np.isnan(float(r.stats()["kl_k1"])), mode
         if mode != "none":
             assert np.isnan(np.asarray(r.weights)[0, 0]), mode
+
+
+def test_nan_trainer_logprob_is_guarded_like_minus_inf_in_every_mode():
+    lt = np.array([[np.nan, 0.1], [0.0, 0.2]])
+    ninf = np.where(np.isnan(lt), -np.inf, lt)
+    for mode in CORRECTION_MODES:
+        args = (np.zeros((2, 2)), np.array([[1.0, -1.0], [0.5, 2.0]]), np.ones((2, 2)))
+        r = correction_weights(lt, *args, mode=mode)
+        ref = correction_weights(ninf, *args, mode=mode)
+        for k, v in r.stats().items():
+            assert np.isfinite(float(v)), (mode, k)
+            assert float(v) == float(ref.stats()[k]), (mode, k)
+        np.testing.assert_array_equal(np.asarray(r.weights), np.asarray(ref.weights))
+        np.testing.assert_array_equal(np.asarray(r.keep), np.asarray(ref.keep))
+    np.testing.assert_allclose(  # kl_k1 = mean(-clip(log rho)): the NaN token counts as -87
+        float(correction_weights(lt, *args, mode="none").stats()["kl_k1"]),
+        (LOG_RATIO_BOUND - 0.1 - 0.0 - 0.2) / 4, rtol=1e-6)
+
+
+def test_mask_values_other_than_0_and_1_are_refused():
+    x = np.zeros((2, 2))
+    with pytest.raises(ValueError, match=r"correction_weights: mask must hold only 0 and 1"):
+        correction_weights(x, x, x, np.array([[1.0, 0.5], [0.0, 1.0]]), mode="seq_tis")
+    r = _jitted(x, x, x, np.array([[1.0, 0.5], [0.0, 1.0]]), mode="seq_tis")  # traced: as given
+    assert float(r.stats()["num_valid"]) == 3.0
 
 
 @pytest.mark.slow  # ~10 s in the full suite on 2 busy cores

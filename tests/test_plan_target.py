@@ -182,3 +182,60 @@ def test_gpu_targets_get_the_flags_a_deviceless_compile_needs(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     pt.prepare_env(pt.parse_target("v5e-1"))  # TPU: nothing added
     assert os.environ["XLA_FLAGS"] == ""
+
+
+# libtpu's three refusals when another process holds its lock file (openxla/xla,
+# tpu_initialize_util.cc TryAcquireTpuLock)
+LIBTPU_LOCKED = [
+    "The TPU is already in use by process with pid 4242. Not attempting to load libtpu.so in "
+    "this process.",
+    'Internal error when accessing libtpu multi-process lockfile. Run "$ sudo rm '
+    '/tmp/libtpu_lockfile".',
+    'The TPU is already in use by another process probably owned by another user. Run "$ sudo '
+    'lsof -w /dev/accel0" to figure out which process is using the TPU. If you still get this '
+    'message, run "$ sudo rm /tmp/libtpu_lockfile".',
+]
+
+
+@pytest.mark.parametrize("message", LIBTPU_LOCKED)
+def test_libtpu_held_by_another_process_names_the_real_situation(message, monkeypatch):
+    """Issue 55 row 11: libtpu's ``sudo rm /tmp/libtpu_lockfile`` is wrong while the process
+    holding the lock runs; the line says what is going on and what to do."""
+    from jax.experimental import topologies
+
+    def refuse(**kwargs):
+        raise RuntimeError(f"ABORTED: {message}")
+
+    monkeypatch.setattr(topologies, "get_topology_desc", refuse)
+    with pytest.raises(UsageError) as e:
+        pt.target_devices(pt.parse_target("v5e-4"))
+    line = str(e.value)
+    assert line.startswith("--target v5e-4: another process is using libtpu"), line
+    assert "ALLOW_MULTIPLE_LIBTPU_LOAD=1" in line and "wait" in line
+    assert "sudo rm" not in line and "\n" not in line
+
+
+def test_other_plugin_refusals_keep_the_plugin_message(monkeypatch):
+    from jax.experimental import topologies
+
+    def refuse(**kwargs):
+        raise RuntimeError("INVALID_ARGUMENT: bad topology\n  detail")
+
+    monkeypatch.setattr(topologies, "get_topology_desc", refuse)
+    with pytest.raises(UsageError, match=r"--target v5e-4: the tpu plugin refused topology "
+                                         r"'v5e:2x2': INVALID_ARGUMENT: bad topology detail$"):
+        pt.target_devices(pt.parse_target("v5e-4"))
+
+
+def test_plan_interrupted_prints_one_line_and_exits_130(monkeypatch, capsys):
+    """Issue 55 row 8: Ctrl-C while the plan compiles: one line and 130, no traceback."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan, "configure_devices", lambda n: None)
+    monkeypatch.setattr(plan, "make_plan", interrupted)
+    assert plan.main([*TINY, "--devices", "2", "mesh.fsdp=2"]) == 130
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip() == \
+        "interrupted; no plan was printed (rerun the same command for it)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -143,11 +144,12 @@ def test_impossible_staleness_is_refused_with_one_line(extra, message, tmp_path)
         load_config(path, [f"out_dir={tmp_path}", "train.steps=4", *extra])
 
 
-@pytest.mark.slow  # ~5 s in the full suite on 2 busy cores
-def test_split_mismatch_separates_quantization_from_staleness(tmp_path):
+@pytest.mark.slow  # ~5 s each in the full suite on 2 busy cores
+@pytest.mark.parametrize("sampling", [[], ["rollout.top_k=5"]])  # issue 55 row 9: truncated
+def test_split_mismatch_separates_quantization_from_staleness(sampling, tmp_path):
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path / 'run'}", *ARGS,
                                             "train.steps=3", "rollout.staleness=1",
-                                            "log.split_mismatch=true"])
+                                            "log.split_mismatch=true", *sampling])
     cli.run(cfg)
     run = _metrics(tmp_path / "run")
     keys = ("mismatch/quant_d_bar", "mismatch/quant_ess", "mismatch/stale_d_bar",
@@ -162,3 +164,105 @@ def test_split_mismatch_separates_quantization_from_staleness(tmp_path):
         assert r["d_bar"] <= r["mismatch/quant_d_bar"] + r["mismatch/stale_d_bar"] + 1e-6, r
     with pytest.raises(UsageError, match=r"with rollout\.staleness=0 there is no staleness"):
         load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path}", "log.split_mismatch=true"])
+
+
+# ----------------------------------- issue 55 row 10: a resume that raises train.steps is exact
+
+
+class _FakeStep:
+    """An RL step whose state is the number of updates and whose batch records the params
+    (update count) that sampled it."""
+
+    def sample(self, params, problems, key, ahead=False):
+        from ais_jax.training.rl import Pending
+
+        return Pending(list(problems), ("batch", params, key), 0.0, 0.0, ahead)
+
+    def learn(self, state, pending, key, on_samples=None):
+        assert pending.batch[2] == key  # the step's own batch
+        return SimpleNamespace(params=state.params + 1), {"sampled_by": pending.batch[1]}
+
+
+def _fake_run(steps, k, start=0, params=0, restored=()):
+    from ais_jax.training.stale import StaleRollouts
+
+    stale = StaleRollouts(_FakeStep(), lambda s: [s], lambda s: s, steps, k)
+    message = stale.fill(params, start, restored)
+    state, records = SimpleNamespace(params=params), []
+    for t in range(start, steps):
+        state, rec = stale.step(state, t)
+        records.append(rec["sampled_by"])
+    return records, stale.payload(), message
+
+
+@pytest.mark.parametrize("k, steps, more", [(1, 3, 1), (2, 3, 2), (2, 12, 2), (2, 5, 1)])
+def test_a_finished_run_resumed_with_more_steps_learns_the_same_batches(k, steps, more):
+    first, inflight, _ = _fake_run(steps, k)
+    assert len(inflight) == k  # the final checkpoint holds the next k steps' batches
+    rest, _, message = _fake_run(steps + more, k, start=steps, params=steps, restored=inflight)
+    assert message == ""  # nothing sampled from the restored params
+    whole, _, _ = _fake_run(steps + more, k)
+    assert first + rest == whole == [max(t - k, 0) for t in range(steps + more)]
+
+
+@pytest.mark.slow  # a 3-step run resumed to 4 steps and the 4-step reference (~40 s on 2 cores)
+def test_a_staleness_2_run_resumed_with_more_steps_equals_the_longer_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", *ARGS, "rollout.staleness=2"]
+    assert cli.main([*args, "train.steps=3"]) == 0
+    assert cli.main(args) == 0  # ARGS: train.steps=4
+    assert "sampled from the restored policy" not in capsys.readouterr().out
+    ref = _sequential(load_config(DEFAULT_CONFIG_PATH, [f"out_dir={tmp_path / 'r'}", *ARGS,
+                                                        "rollout.staleness=2"]), 2)
+    _assert_equal(_metrics(out), ref)
+
+
+def test_split_stats_compares_the_truncated_logprobs():
+    """Issue 55 row 9: with top-k / top-p `score` gives (truncated, full) pairs; the split
+    compares the truncated ones, as the correction does (known answer)."""
+    from ais_jax.training.rl import split_stats
+
+    L, inf = 87.0, np.inf
+    mask = np.array([[1.0, 1.0, 1.0, 0.0]], np.float32)
+    rollout = np.array([[-1.0, -0.5, -2.0, 0.0]], np.float32)
+    # token 2 is outside the stale params' truncated set, token 1 outside the current one's;
+    # the full log-probs are finite (and must not be used); the padding holds garbage
+    stale = (np.array([[-1.1, -0.5, -inf, np.nan]], np.float32),
+             np.array([[-1.2, -0.6, -3.0, 0.0]], np.float32))
+    cur = (np.array([[-0.9, -inf, -inf, inf]], np.float32),
+           np.array([[-1.0, -4.0, -5.0, 0.0]], np.float32))
+    m = {k: float(v) for k, v in split_stats(cur, stale, rollout, mask, C=5.0).items()}
+
+    def ess(w):
+        cv = np.std(w, ddof=1) / np.mean(w)
+        return 1.0 / (1.0 + cv**2)
+
+    # quantization: stale vs rollout on the 3 valid tokens: gaps -0.1, 0, -inf (ratio 0)
+    np.testing.assert_allclose(m["mismatch/quant_d_bar"], (0.1 + 0.0 + L) / 3, rtol=1e-5)
+    np.testing.assert_allclose(m["mismatch/quant_ess"], ess([np.exp(-0.1), 1.0, 0.0]),
+                               rtol=1e-5)
+    # staleness: current vs stale where the stale set holds the token: gaps 0.2, -inf
+    np.testing.assert_allclose(m["mismatch/stale_d_bar"], (0.2 + L) / 2, rtol=1e-5)
+    np.testing.assert_allclose(m["mismatch/stale_ess"], ess([np.exp(0.2), 0.0]), rtol=1e-5)
+    # without truncation the arrays are compared as given
+    plain = split_stats(cur[1], stale[1], rollout, mask, C=5.0)
+    np.testing.assert_allclose(float(plain["mismatch/stale_d_bar"]), (0.2 + 3.4 + 2.0) / 3,
+                               rtol=1e-5)
+
+
+def test_completions_table_with_truncated_sampling_takes_the_truncated_logprobs():
+    """The same pair reached the completions table (``log.completions_every``): with top-k
+    the step raised AttributeError ('RolloutBatch' has no 'traj_logp')."""
+    from ais_jax.training.rl import sample_logps
+    from ais_jax.training.trainer import RolloutBatch
+
+    trunc = jnp.asarray([[-1.0, -np.inf], [-0.5, -0.2]])
+    full = jnp.asarray([[-1.5, -3.0], [-0.9, -0.7]])
+    logp = jnp.asarray([[-1.1, -2.0], [-0.5, -0.3]])
+    z = jnp.zeros((2, 2))
+    batch = RolloutBatch(z, z, z.astype(jnp.int32), jnp.ones((2, 2)), logp)
+    lo, lr = sample_logps((trunc, full), batch, np.array([1]))
+    np.testing.assert_array_equal(lo, np.asarray(trunc)[1:])
+    np.testing.assert_array_equal(lr, np.asarray(logp)[1:])
+    lo, _ = sample_logps(full, batch, np.arange(2))  # no truncation: as given
+    np.testing.assert_array_equal(lo, np.asarray(full))

@@ -31,6 +31,9 @@ Numerics (every statistic is finite for finite inputs, whatever their scale):
   ``L = LOG_RATIO_BOUND = 87``: a ratio beyond ``e^+-87`` (outside float32's
   normal range), e.g. a trainer probability of 0 (``logp_train = -inf``, then
   ``w_bar = 0``), contributes ``L``.
+* A NaN ``logp_train`` in a valid position is taken as ``-inf`` (probability 0,
+  the bullet above), so one bad trainer log-prob cannot turn alpha and every
+  weight of the batch into NaN; finite inputs are untouched.
 """
 
 from __future__ import annotations
@@ -118,6 +121,26 @@ def as_arrays(fn: str, *arrays: object) -> list[jax.Array]:
     return out
 
 
+def check_mask_values(fn: str, mask: jax.Array) -> None:
+    """A concrete non-bool mask holds only 0 and 1; a traced one (under `jax.jit`) is trusted.
+
+    Args:
+      fn: the public function's name, for the message.
+      mask: the mask, already an array.
+
+    Raises:
+      ValueError: a concrete mask with a value other than 0 and 1 (-1, 0.5, NaN, ...).
+    """
+    if mask.dtype == jnp.bool_ or isinstance(mask, jax.core.Tracer):
+        return
+    values = np.asarray(mask)
+    bad = values[~np.isin(values, (0, 1))]
+    if bad.size:
+        raise ValueError(f"{fn}: mask must hold only 0 and 1 (or bools), got {bad.size} other "
+                         f"value(s), e.g. {bad.reshape(-1)[0].item()!r}; pass mask > 0 or a "
+                         "bool mask")
+
+
 def check_flags(fn: str, **flags: object) -> None:
     """The ablation switches ``use_ess`` / ``use_mis`` / ``use_var`` are real bools.
 
@@ -158,6 +181,39 @@ def _masked_mean_std(x: jax.Array, valid: jax.Array, n: jax.Array) -> tuple[jax.
     return mean, std
 
 
+def _shifted_weights(log_w: jax.Array, valid: jax.Array, n: jax.Array,
+                     empty: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The scale-free CV of ``w_bar`` (module docstring): ``(shift, w_s, cv)``.
+
+    ``log w_bar`` is shifted by its max over valid tokens rounded to a multiple of 16
+    (0 for ordinary batches: bit-identical to the unshifted formula), so the shifted
+    weights ``w_s = exp(log w_bar - shift)`` (0 where not valid) lie in ``[0, e^8]``.
+    """
+    lmax = jnp.float32(-jnp.inf) if empty else jnp.max(jnp.where(valid, log_w, -jnp.inf))
+    shift = jnp.where(jnp.isneginf(lmax), 0.0, _SHIFT_STEP * jnp.round(lmax / _SHIFT_STEP))
+    w_s = jnp.where(valid, jnp.exp(log_w - shift), 0.0)
+    w_mean, w_std = _masked_mean_std(w_s, valid, n)
+    cv = jnp.where(w_mean > 0, w_std / jnp.where(w_mean > 0, w_mean, 1.0), 0.0)
+    return shift, w_s, cv
+
+
+def _variance_amplification(a: jax.Array, w_s: jax.Array, shift: jax.Array, valid: jax.Array,
+                            n: jax.Array, eps: float, empty: bool) -> jax.Array:
+    """``D = std(A w) / (std(A) + eps)``, at most float32 max (module docstring).
+
+    ``A`` is divided by ``2^e > max |A|`` (exact) and ``eps`` by the same ``2^e``;
+    ``w = e^shift w_s`` (`_shifted_weights`).  0 when ``std(A w)`` is 0.
+    """
+    _, e = jnp.frexp(jnp.float32(0.0) if empty else jnp.max(jnp.abs(a)))
+    a_s = jnp.ldexp(a, -e)
+    _, a_std = _masked_mean_std(a_s, valid, n)
+    _, aw_std = _masked_mean_std(a_s * w_s, valid, n)
+    num = aw_std * jnp.exp(shift)
+    den = a_std + jnp.ldexp(jnp.asarray(eps, jnp.float32), -e)
+    ratio = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.inf)
+    return jnp.where(aw_std == 0, 0.0, jnp.minimum(ratio, _F32_MAX))
+
+
 def ais_coefficient(
     logp_train: jax.Array,
     logp_rollout: jax.Array,
@@ -186,7 +242,8 @@ def ais_coefficient(
       logp_rollout: ``[...]`` log-probs recorded by the (FP8) sampler.
       advantages: ``[...]`` per-token advantages ``A`` (sequence advantage
         broadcast to its tokens).
-      mask: ``[...]`` bool or 0/1; nonzero marks a valid generated token.
+      mask: ``[...]`` bool or 0/1 (a concrete mask with another value is refused); nonzero
+        marks a valid generated token.
       C: truncation cap of the importance ratio (> 1).
       delta: divergence scale of the necessity gate (> 0).
       gamma: variance-amplification threshold (> 0).
@@ -202,21 +259,30 @@ def ais_coefficient(
     Returns:
       `AISResult`; ``result.advantages`` is the reweighted advantage ``A_tilde``.
       With no valid token alpha is 0 and all weights are 1 in every mode.
-      A NaN in a *valid* position is a real error upstream and propagates
-      (the GRPO update then skips the step and counts it); it is never
-      silently replaced.
+      A NaN ``logp_train`` in a valid position is guarded like ``-inf``: the
+      trainer gives the token no usable probability, so its ratio is 0
+      (``w_bar = 0``, ``LOG_RATIO_BOUND`` in ``d_bar``) and every other token keeps
+      finite weights.  A NaN ``logp_rollout`` or advantage in a valid position
+      (outside the contract: the sampler records a finite log-prob for a token it
+      drew) still propagates, so the GRPO update skips the step and counts it.
 
     Raises:
       ValueError: the four inputs differ in shape, an input is not an array (a mask
-        of strings), a float input is not floating point, an ablation switch is not
-        a bool, or a hyperparameter / mode is invalid.  Zero-size inputs are valid:
-        no token is valid, so alpha is 0 and the (empty) weights are 1.
+        of strings), a float input is not floating point, a concrete mask holds a
+        value other than 0 and 1, an ablation switch is not a bool, or a
+        hyperparameter / mode is invalid.  Under `jax.jit` the checks of shapes,
+        dtypes, switches and hyperparameters still run (they are static); the mask's
+        values are checked only when it is concrete (a traced mask is taken as given:
+        nonzero is valid).  Zero-size inputs are valid: no token is valid, so alpha is
+        0 and the (empty) weights are 1.  Scalars are one-token batches.
     """
     arrays = as_arrays("ais_coefficient", logp_train, logp_rollout, advantages, mask)
     check_flags("ais_coefficient", use_ess=use_ess, use_mis=use_mis, use_var=use_var)
     _validate([a.shape for a in arrays], [a.dtype for a in arrays],
               C, delta, gamma, beta_var, eps, mode)
+    check_mask_values("ais_coefficient", arrays[3])
     lt, lr, adv, m = (jax.lax.stop_gradient(a) for a in arrays)
+    lt = jnp.where(jnp.isnan(lt), -jnp.inf, lt)  # a NaN trainer log-prob: probability 0
     valid = m.astype(jnp.bool_) if m.dtype == jnp.bool_ else m != 0
     n = jnp.sum(valid, dtype=jnp.float32)
 
@@ -225,43 +291,23 @@ def ais_coefficient(
     log_w = jnp.minimum(raw, log_cap)  # log w_bar; -inf where the trainer probability is 0
     w_bar = jnp.where(valid, jnp.exp(log_w), 1.0)
     a = jnp.where(valid, adv.astype(jnp.float32), 0.0)
-
-    # Scale-free CV: shift log w_bar by its max over valid tokens rounded to a multiple
-    # of 16 (0 for ordinary batches: bit-identical to the unshifted formula).  A NaN
-    # propagates through the max.
-    # zero-size inputs (no token at all): the reductions below take their empty values
-    empty = valid.size == 0
-    lmax = jnp.float32(-jnp.inf) if empty else jnp.max(jnp.where(valid, log_w, -jnp.inf))
-    shift = jnp.where(jnp.isneginf(lmax), 0.0, _SHIFT_STEP * jnp.round(lmax / _SHIFT_STEP))
-    w_s = jnp.where(valid, jnp.exp(log_w - shift), 0.0)  # in [0, 1]
-    w_mean, w_std = _masked_mean_std(w_s, valid, n)
-    cv = jnp.where(w_mean > 0, w_std / jnp.where(w_mean > 0, w_mean, 1.0), 0.0)
+    empty = valid.size == 0  # zero-size inputs: the reductions take their empty values
+    shift, w_s, cv = _shifted_weights(log_w, valid, n, empty)
     ess_ratio = 1.0 / (1.0 + jnp.square(cv))
     alpha_ess = jax.lax.rsqrt(1.0 + jnp.square(cv))
 
     diff = jnp.clip(raw, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     d_bar = jnp.sum(jnp.abs(diff)) / jnp.maximum(n, 1.0)
     alpha_mis = jnp.minimum(1.0, d_bar / delta)
-
-    # D = std(A w) / (std(A) + eps) with A / 2^e (|A / 2^e| < 1, exact) and w = e^shift w_s.
-    _, e = jnp.frexp(jnp.float32(0.0) if empty else jnp.max(jnp.abs(a)))
-    a_s = jnp.ldexp(a, -e)
-    _, a_std = _masked_mean_std(a_s, valid, n)
-    _, aw_std = _masked_mean_std(a_s * w_s, valid, n)
-    num = aw_std * jnp.exp(shift)
-    den = a_std + jnp.ldexp(jnp.asarray(eps, jnp.float32), -e)
-    ratio = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.inf)
-    var_amp = jnp.where(aw_std == 0, 0.0, jnp.minimum(ratio, _F32_MAX))
+    var_amp = _variance_amplification(a, w_s, shift, valid, n, eps, empty)
     alpha_var = jnp.maximum(0.0, (var_amp - gamma) / gamma)
 
     if mode == "ais":
         a_ess = alpha_ess if use_ess else 1.0
         a_var = beta_var * alpha_var if use_var else 0.0
         alpha = jnp.clip(a_ess - a_var, 0.0, 1.0) * (alpha_mis if use_mis else 1.0)
-    elif mode == "tis":
-        alpha = jnp.ones((), jnp.float32)
     else:
-        alpha = jnp.zeros((), jnp.float32)
+        alpha = (jnp.ones if mode == "tis" else jnp.zeros)((), jnp.float32)
     alpha = jnp.where(n > 0, alpha, 0.0).astype(jnp.float32)
 
     # tis: exactly w_bar (1 + 1 * (w_bar - 1) would round tiny ratios to 0).

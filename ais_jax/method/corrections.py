@@ -32,9 +32,11 @@ Zero trainer probability.  A valid token with ``logp_train = -inf`` (outside
 the trainer's top-k / top-p set) has ``rho = 0`` and ``log rho = -inf``: weight
 0 in ``tis`` / ``token_mask`` (kept, as TRL does) and in ``ais``'s ``w_bar``;
 its sequence has ``S_b = -inf``, i.e. sequence ratio 0: weight 0 in
-``seq_tis`` / ``seq_mask`` (kept) and dropped by ``geo_mask``.  A NaN in a
-valid position propagates into the weights (except mode ``none``) and the
-statistics; ``logp_rollout`` of a sampled token must be finite.
+``seq_tis`` / ``seq_mask`` (kept) and dropped by ``geo_mask``.  A NaN
+``logp_train`` in a valid position is guarded the same way: it is taken as
+``-inf`` (ratio 0) in every mode.  ``logp_rollout`` of a sampled token must be
+finite: a NaN there (or in an advantage) propagates into the weights (except
+mode ``none``) and the statistics.
 
 The sequence log-ratio.  ``S_b`` is the float32 sum of the valid tokens'
 log-ratios, a ``jnp.sum`` reduction (float32 rounding, in the order XLA chooses:
@@ -82,6 +84,7 @@ from ais_jax.method.ais import (
     ais_coefficient,
     as_arrays,
     check_flags,
+    check_mask_values,
 )
 
 CORRECTION_MODES = ("none", "tis", "token_mask", "seq_tis", "seq_mask", "geo_mask", "ais")
@@ -278,7 +281,8 @@ def correction_weights(
 
     Args:
       logp_train: ``[B, N]`` trainer log-probs of the sampled tokens (same
-        sampling distribution as the rollout; ``-inf`` allowed: ratio 0).
+        sampling distribution as the rollout; ``-inf`` allowed: ratio 0; NaN is
+        taken as ``-inf``).
       logp_rollout: ``[B, N]`` log-probs recorded by the sampler (finite where valid).
       advantages: ``[B, N]`` per-token advantages ``A``.
       mask: ``[B, N]`` bool or 0/1; nonzero marks a valid generated token.
@@ -296,17 +300,20 @@ def correction_weights(
     Raises:
       ValueError: unknown mode, ``cap <= 1``, negative ``threshold``, an
         unknown keyword, inputs that are not ``[B, N]`` of one shape, an input that
-        is not an array (a mask of strings), non-float log-probs / advantages, or a
-        ``use_*`` switch that is not a bool.  Zero-size inputs are valid (no token:
+        is not an array (a mask of strings), non-float log-probs / advantages, a
+        concrete mask with a value other than 0 and 1 (a traced one is not checked),
+        or a ``use_*`` switch that is not a bool.  Zero-size inputs are valid (no token:
         alpha 0, empty weights, finite statistics).
     """
     arrays = as_arrays("correction_weights", logp_train, logp_rollout, advantages, mask)
     _validate(arrays, mode, cap, threshold, ais_kwargs)
     check_flags("correction_weights", **{k: v for k, v in ais_kwargs.items()
                                          if k.startswith("use_")})
+    check_mask_values("correction_weights", arrays[3])
     if cap is None:
         cap = DEFAULT_CAPS[mode]
     lt, lr, adv, m = (jax.lax.stop_gradient(x) for x in arrays)
+    lt = jnp.where(jnp.isnan(lt), -jnp.inf, lt)  # a NaN trainer log-prob: probability 0
     valid = m if m.dtype == jnp.bool_ else m != 0
     log_rho = jnp.where(valid, lt.astype(jnp.float32) - lr.astype(jnp.float32), 0.0)
     if mode in _AIS_MODES:

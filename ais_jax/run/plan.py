@@ -329,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while compiling: one line, as the train CLI
+        print("interrupted; no plan was printed (rerun the same command for it)",
+              file=sys.stderr)
+        return 130
     print(json.dumps(plan) if args.json else format_plan(plan))
     return 0
 

@@ -163,16 +163,7 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
                 **_compile_programs(cfg, lcfg, mesh, state, optimizer, prompt_len, pol)}
     r, t = cfg.rollout, cfg.train
     B, N = r.prompts_per_step * r.group_size, r.max_new_tokens
-    # LoRA: the params are the base (compute dtype), the optimizer state the adapters'
-    analytic = analytic_bytes(cfg, lcfg, mesh, state if pol is None else full._replace(
-        params=pol.base, opt_state=state.opt_state), prompt_len)
-    del analytic["kv_cache_bytes"], analytic["prefill_logits_bytes"]  # no KV cache, no prefill
-    # every denoising step: float32 logits of all rows x (P + N) positions, rows over the shards
-    analytic["sampler_logits_bytes"] = math.ceil(B / shards) * (prompt_len + N) \
-        * lcfg.vocab_size * 4
-    # the KL reference is resident unless it is LoRA's frozen base (then it is the params)
-    resident = analytic["opt_state_bytes"] + (analytic["params_bytes"] if t.beta_kl > 0
-                                              and pol is None else 0)
+    analytic, resident = _llada_analytic(cfg, lcfg, mesh, state, full, pol, prompt_len, shards)
     roll_peak = plus_resident(programs["rollout"], resident)
     score_peak = plus_resident(programs["score"], resident)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(full.params))
@@ -200,3 +191,22 @@ def make_llada_plan(cfg: Config, devices: int, device_memory: int,
         plan["cpu_widening"] = cpu_widening_probe(prompt_len + N, lcfg.hidden_size,
                                                   lcfg.intermediate_size)
     return plan
+
+
+def _llada_analytic(cfg: Config, lcfg: Any, mesh: Any, state: Any, full: Any, pol: Any,
+                    prompt_len: int, shards: int) -> tuple[dict[str, Any], int]:
+    """`make_llada_plan`'s analytic bytes per device (`analytic_bytes` without the KV cache
+    and the prefill, with the sampler's logits) and the bytes resident beside the rollout
+    and the score (optimizer state, and the KL reference unless it is LoRA's base)."""
+    B, N = cfg.rollout.prompts_per_step * cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    # LoRA: the params are the base (compute dtype), the optimizer state the adapters'
+    analytic = analytic_bytes(cfg, lcfg, mesh, state if pol is None else full._replace(
+        params=pol.base, opt_state=state.opt_state), prompt_len)
+    del analytic["kv_cache_bytes"], analytic["prefill_logits_bytes"]  # no KV cache, no prefill
+    # every denoising step: float32 logits of all rows x (P + N) positions, rows over the shards
+    analytic["sampler_logits_bytes"] = math.ceil(B / shards) * (prompt_len + N) \
+        * lcfg.vocab_size * 4
+    # the KL reference is resident unless it is LoRA's frozen base (then it is the params)
+    resident = analytic["opt_state_bytes"] + (analytic["params_bytes"] if cfg.train.beta_kl > 0
+                                              and pol is None else 0)
+    return analytic, resident

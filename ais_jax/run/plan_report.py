@@ -335,6 +335,15 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  (per layer per row kept for the backward: "
                  f"{a['activation_bytes_per_layer_row'] / 1e6:.2f} MB; no remat "
                  "2T(4D + 2QH + 2KH + 3F) + 8QT^2, dots 2T(QH + 2KH + 2D + 2F), full 2TD)")
+    lines += _verdict_lines(plan)
+    return "\n".join(lines)
+
+
+def _verdict_lines(plan: dict[str, Any]) -> list[str]:
+    """`format_plan`'s last lines: the verdict (fits / does not fit / not known, the largest
+    peak, the programs refused or failed) and the CPU backend's widening note."""
+    resident = plan["rollout_resident_peak_bytes"]
+    lines: list[str] = []
     peaks = [plan[k]["peak_bytes"] for k in ("init", "update") if k in plan]
     peaks = [p for p in (*peaks, resident) if p is not None]
     refused = [k for k in ("init", "update", "rollout", "score")
@@ -355,7 +364,7 @@ def format_plan(plan: dict[str, Any]) -> str:
             f"are overstated: one bf16 [{w['shape'][0]}x{w['shape'][1]}] @ "
             f"[{w['shape'][1]}x{w['shape'][2]}] matmul takes {w['temp_bytes'] / 1e6:.1f} MB of "
             f"temporaries for {w['operand_bytes'] / 1e6:.1f} MB of operands (an accelerator: 0)")
-    return "\n".join(lines)
+    return lines
 
 
 def abstract_lora(cfg: Config, model_cfg: Any, mesh: Mesh, state: Any,

@@ -147,10 +147,32 @@ def target_devices(target: Target) -> list[Any]:
             topo = topologies.get_topology_desc(platform="cuda", topology=target.topology,
                                                 target_config=gpu_spec(target.name[:4]))
     except Exception as e:  # the plugins' errors have no common type
-        msg = " ".join(str(e).split())[:300]
-        raise UsageError(f"--target {target.name}: the {target.platform} plugin refused "
-                         f"topology {target.topology!r}: {msg}") from None
+        raise UsageError(plugin_error(target, e)) from None
     return list(topo.devices)
+
+
+# libtpu's messages when another process holds its lock file (/tmp/libtpu_lockfile):
+# tensorflow::tpu::TryAcquireTpuLock in openxla/xla (tpu_initialize_util.cc)
+_LIBTPU_LOCK = ("libtpu_lockfile", "TPU is already in use")
+
+
+def plugin_error(target: Target, e: BaseException) -> str:
+    """The line for a plugin's refusal ``e`` of ``target``'s topology.
+
+    libtpu loads in one process at a time: while another process holds its lock file it
+    refuses, and its message may advise ``sudo rm /tmp/libtpu_lockfile``, wrong while that
+    process runs (its lock is released when it exits).  That case gets its own line: wait
+    for the other process, or, since a plan only compiles, let libtpu load beside it with
+    ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``.  Other refusals keep the plugin's message.
+    """
+    msg = " ".join(str(e).split())[:300]
+    if target.platform == "tpu" and any(s in msg for s in _LIBTPU_LOCK):
+        return (f"--target {target.name}: another process is using libtpu (it holds "
+                "/tmp/libtpu_lockfile) and libtpu loads in one process at a time; wait for "
+                "that process to finish, or, since a plan only compiles, rerun with "
+                "ALLOW_MULTIPLE_LIBTPU_LOAD=1 to load it beside that process")
+    return (f"--target {target.name}: the {target.platform} plugin refused topology "
+            f"{target.topology!r}: {msg}")
 
 
 # XLA GPU flags a compile without a GPU needs (a flag the user set is kept): cuBLAS GEMMs

@@ -19,9 +19,12 @@ as decoupled PPO does: staleness and quantization are one mismatch (docs/spec.md
 section 9).
 
 The in-flight batches travel with every checkpoint (`payload`, `target`), so a resumed run
-learns from the same batches as an uninterrupted one.  A resume that raises
-``train.steps`` finds fewer batches in flight than ``k`` (none is sampled past the end of
-a run); the missing ones are sampled from the restored params, and the run says so.
+learns from the same batches as an uninterrupted one.  The last ``k`` steps of a run also
+sample the batches of the ``k`` steps after its end (they overlap the last updates; the
+final checkpoint holds them): a finished run resumed with a larger ``train.steps`` learns
+from exactly the batches a run started with that many steps does.  Only a checkpoint
+written without them (before this rule) finds fewer than ``k``; the missing ones are then
+sampled from the restored params, and the run says so.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ class StaleRollouts:
       rl_step: the run's `ais_jax.training.rl.RLStep`.
       problems: ``problems(step) -> list`` of the step's problems.
       key: ``key(step) -> PRNG key`` of the step.
-      steps: ``train.steps``; nothing is sampled for a step past it.
+      steps: ``train.steps`` (the last ``k`` steps sample the ``k`` steps past it, kept for
+        a resume that raises it).
       k: the staleness.
     """
 
@@ -74,7 +78,7 @@ class StaleRollouts:
         self.queue.clear()
         for i, batch in enumerate(restored):
             self.queue.append(Pending(list(self.problems(start + i)), batch, 0.0, 0.0, True))
-        new = range(start + len(self.queue), min(start + self.k, self.steps))
+        new = range(start + len(self.queue), start + self.k)
         for step in new:
             self.queue.append(self._sample(params, step))
         if start == 0:
@@ -89,9 +93,10 @@ class StaleRollouts:
     def step(self, state: Any, step: int,
              on_samples: OnSamples | None = None) -> tuple[Any, dict[str, float]]:
         """RL step ``step``: dispatch step ``step + k``'s rollout with ``state.params``, then
-        learn from step ``step``'s batch; ``(new_state, record)`` as `RLStep.learn`."""
-        if step + self.k < self.steps:
-            self.queue.append(self._sample(state.params, step + self.k))
+        learn from step ``step``'s batch; ``(new_state, record)`` as `RLStep.learn`.  Near the
+        end the batch dispatched is for a step past ``train.steps``: the final checkpoint
+        keeps it for a resume that raises ``train.steps``."""
+        self.queue.append(self._sample(state.params, step + self.k))
         return self.rl_step.learn(state, self.queue.popleft(), self.key(step), on_samples)
 
     def payload(self) -> tuple[RolloutBatch, ...]:

@@ -1,6 +1,8 @@
-"""Diagnostics of the trajectory ratio of a LLaDA update (``diffusion.ratio: trajectory``).
+"""The metrics of a LLaDA update, with the diagnostics of its trajectory ratio.
 
-`ais_jax.training.llada.steps.update` logs them: ``traj/*`` and ``est/*`` compare the
+`ais_jax.training.llada.steps.update` logs each inner iteration's correction
+(`iteration_metrics`) and the step's batch (`step_metrics`).  With ``diffusion.ratio:
+trajectory`` it adds its diagnostics: ``traj/*`` and ``est/*`` compare the
 correction's trajectory ratio with d1's estimate pair (`ratio_metrics`), and
 ``traj/seq_logratio_abs`` / ``traj/select_*`` measure how much of the trajectory's mismatch
 is the low_confidence selection term (`select_metrics`; docs/llada.md "Two ratios").
@@ -65,3 +67,38 @@ def select_metrics(traj_old: jax.Array, sel_old: jax.Array, traj_roll: jax.Array
     share = jnp.where(full > 0, sel / jnp.where(full > 0, full, 1.0), 0.0)
     return {"traj/seq_logratio_abs": full, "traj/select_seq_logratio_abs": sel,
             "traj/select_share": share}
+
+
+def iteration_metrics(res: Any, valid: jax.Array, logp_roll: jax.Array) -> dict[str, jax.Array]:
+    """One inner iteration's token counts, mean rollout log-prob and the correction ``res``'s
+    statistics (`ais_jax.method.corrections.CorrectionResult`); ``valid``, ``logp_roll``
+    ``[B, N]``."""
+    keep = res.keep
+    return {
+        "loss_tokens": jnp.sum(keep).astype(jnp.float32),
+        "dropped_tokens": jnp.sum(valid & ~keep).astype(jnp.float32),
+        "logp_rollout_mean": jnp.sum(jnp.where(valid, logp_roll, 0.0))
+        / jnp.maximum(jnp.sum(valid), 1),
+        **res.stats(),
+    }
+
+
+def step_metrics(mets: dict[str, jax.Array], rewards: jax.Array, adv_seq: jax.Array,
+                 valid: jax.Array, batch: Any, traj_old: jax.Array | None,
+                 sel_old: jax.Array | None) -> dict[str, jax.Array]:
+    """`ais_jax.training.llada.steps.update`'s metrics: the inner iterations' ``mets``
+    (``[M]`` each) averaged (``skipped`` summed), with the batch's rewards ``[Pn, G]``,
+    advantages ``adv_seq`` ``[B]``, lengths and, with ``diffusion.ratio: trajectory``
+    (``traj_old`` / ``sel_old`` ``[B, N]``), the selection metrics (`select_metrics`)."""
+    skipped = jnp.sum(mets.pop("skipped"))
+    mets = {k: jnp.mean(v) for k, v in mets.items()}
+    mets.pop("ratio_mean", None)
+    return {
+        **mets, "skipped": skipped,
+        "reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards),
+        "adv_abs_mean": jnp.mean(jnp.abs(adv_seq)),
+        "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
+        "zero_prob_tokens": jnp.zeros((), jnp.float32),
+        **({} if traj_old is None else select_metrics(traj_old, sel_old, batch.traj_logp,
+                                                    batch.traj_select, valid)),
+    }

@@ -30,6 +30,7 @@ surrogate").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -45,7 +46,7 @@ from ais_jax.models.llada.model import LLaDAConfig
 from ais_jax.rollout.llada_sampler import completion_mask, generate
 from ais_jax.training import optim
 from ais_jax.training import sharding as shd
-from ais_jax.training.llada.diagnostics import ratio_metrics, select_metrics
+from ais_jax.training.llada.diagnostics import iteration_metrics, ratio_metrics, step_metrics
 from ais_jax.training.llada.estimator import (
     completion_logprobs,
     logprobs_given_input,
@@ -186,17 +187,6 @@ def scale_knobs(cfg: Config, lcfg: LLaDAConfig, mesh: Mesh | None) -> dict[str, 
             else shd.head_constraint(mesh, lcfg.vocab_size)}
 
 
-def _iteration_metrics(res: Any, valid: jax.Array, logp_roll: jax.Array) -> dict[str, jax.Array]:
-    keep = res.keep
-    return {
-        "loss_tokens": jnp.sum(keep).astype(jnp.float32),
-        "dropped_tokens": jnp.sum(valid & ~keep).astype(jnp.float32),
-        "logp_rollout_mean": jnp.sum(jnp.where(valid, logp_roll, 0.0))
-        / jnp.maximum(jnp.sum(valid), 1),
-        **res.stats(),
-    }
-
-
 def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: jax.Array,
            ref_params: Any, logp_old: jax.Array | None, optimizer: optax.GradientTransformation,
            lcfg: LLaDAConfig, cfg: Config, mesh: Mesh | None = None, *, view: Any = None,
@@ -248,27 +238,14 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
     adv_seq = grpo.group_advantages(rewards).reshape(B)
     adv_tok = jnp.broadcast_to(adv_seq[:, None], (B, N))
     valid = batch.mask > 0
-    if logp_old is None:
-        logp_old = score(state.params, batch, lcfg, cfg, view)
-    if (isinstance(logp_old, tuple) and len(logp_old) == 3) != (d.ratio == "trajectory"):
-        raise ValueError(f"logp_old must be score's output for diffusion.ratio={d.ratio} (the "
-                         "triple (estimates, trajectory, selection) exactly when it is trajectory)")
-    logp_old, traj_old, sel_old = (logp_old if isinstance(logp_old, tuple)
-                                   else (logp_old, None, None))
+    logp_old, traj_old, sel_old = _old_logprobs(state, batch, logp_old, lcfg, cfg, view)
     use_ref = ref_params is not None and cfg.train.beta_kl > 0
     traj_sur = d.surrogate == "trajectory"  # the config requires ratio=trajectory with it
     logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg) if use_ref and not traj_sur
                 else jnp.zeros_like(logp_old))
     loss_cfg = loss_config(cfg.train)
     scale = scale_knobs(cfg, lcfg, mesh)
-    remat = scale["remat"] != "none"
-
-    def replay(model: Any, b: Any) -> jax.Array:  # [rows, N], the trajectory surrogate's
-        return trajectory_logprobs(model, lcfg, b.prompt_tokens, b.tokens, b.reveal_step,
-                                   steps=d.steps, temperature=cfg.rollout.temperature,
-                                   block_length=d.block_length, remasking=d.remasking,
-                                   prompt_mask=b.prompt_mask, chunk=int(remat), remat=remat)
-
+    replay = _replay_fn(lcfg, cfg, scale["remat"] != "none")
     traj_ref = (jax.lax.stop_gradient(replay(_model(ref_params, cfg), batch))
                 if use_ref and traj_sur else None)
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
@@ -284,19 +261,8 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
                                  threshold=a.geo_threshold, delta=a.delta, gamma=a.gamma,
                                  beta_var=a.beta_var, eps=a.eps, use_ess=a.use_ess,
                                  use_mis=a.use_mis, use_var=a.use_var)
-        keep = res.keep.astype(jnp.float32)
-        if traj_sur:  # the replayed trajectory under gradient, against the score's replay;
-            # a selection term of probability 0 under the trainer (or the KL reference) is
-            # -inf: its tokens' importance ratio is 0, left out (exp(-inf - -inf) is NaN)
-            ok = jnp.isfinite(traj_old) & (True if traj_ref is None else jnp.isfinite(traj_ref))
-            gb = ReplayBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens,
-                             keep * ok.astype(keep.dtype), traj_old, res.advantages, traj_ref,
-                             batch.reveal_step)
-        else:  # the iteration's prompt mask over the whole batch (the score's), before a split
-            masked, _ = mask_prompt(jax.random.wrap_key_data(k), batch.prompt_tokens, lcfg,
-                                    d.p_mask, batch.prompt_mask)
-            gb = grpo.GRPOBatch(masked, batch.prompt_mask, batch.tokens, keep, lo,
-                                res.advantages, lref if use_ref else None)
+        gb = _loss_batch(res, batch, lo, lref if use_ref else None, k, traj_old, traj_ref,
+                         lcfg, cfg)
 
         def loss_fn(params: Any, b: Any, totals: grpo.LossTotals | None = None,
                     key: jax.Array | None = None) -> tuple[jax.Array, dict]:
@@ -308,21 +274,63 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
 
         st, mets = optim.apply_update(st, gb, loss_fn, optimizer, micro_batches=micro,
                                       shards=shards, key=dropout_key)
-        return st, {**mets, **_iteration_metrics(res, valid, c_roll), **ratio_metrics(res, est)}
+        return st, {**mets, **iteration_metrics(res, valid, c_roll), **ratio_metrics(res, est)}
 
     state, mets = jax.lax.scan(inner, state, (logp_old, batch.logp, logp_ref, batch.mask_keys))
-    skipped = jnp.sum(mets.pop("skipped"))
-    mets = {k: jnp.mean(v) for k, v in mets.items()}
-    mets.pop("ratio_mean", None)
-    return state, {
-        **mets, "skipped": skipped,
-        "reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards),
-        "adv_abs_mean": jnp.mean(jnp.abs(adv_seq)),
-        "response_len": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
-        "zero_prob_tokens": jnp.zeros((), jnp.float32),
-        **({} if traj_old is None else select_metrics(traj_old, sel_old, batch.traj_logp,
-                                                    batch.traj_select, valid)),
-    }
+    return state, step_metrics(mets, rewards, adv_seq, valid, batch, traj_old, sel_old)
+
+
+def _old_logprobs(state: TrainState, batch: DiffusionBatch, logp_old: Any, lcfg: LLaDAConfig,
+                  cfg: Config, view: Any) -> tuple[jax.Array, Any, Any]:
+    """`update`'s ``logp_old`` (scored here when None) as ``(estimates [M, B, N],
+    trajectory [B, N] or None, selection [B, N] or None)``.
+
+    Raises:
+      ValueError: ``logp_old`` is not `score`'s output for ``diffusion.ratio``.
+    """
+    d = cfg.diffusion
+    if logp_old is None:
+        logp_old = score(state.params, batch, lcfg, cfg, view)
+    if (isinstance(logp_old, tuple) and len(logp_old) == 3) != (d.ratio == "trajectory"):
+        raise ValueError(f"logp_old must be score's output for diffusion.ratio={d.ratio} (the "
+                         "triple (estimates, trajectory, selection) exactly when it is trajectory)")
+    return logp_old if isinstance(logp_old, tuple) else (logp_old, None, None)
+
+
+def _replay_fn(lcfg: LLaDAConfig, cfg: Config, remat: bool) -> Callable[[Any, Any], jax.Array]:
+    """``replay(model, batch) -> [rows, N]``: the trajectory surrogate's trainer replay of the
+    batch's reveal order (`trajectory_logprobs`; one step at a time under remat)."""
+    d = cfg.diffusion
+
+    def replay(model: Any, b: Any) -> jax.Array:
+        return trajectory_logprobs(model, lcfg, b.prompt_tokens, b.tokens, b.reveal_step,
+                                   steps=d.steps, temperature=cfg.rollout.temperature,
+                                   block_length=d.block_length, remasking=d.remasking,
+                                   prompt_mask=b.prompt_mask, chunk=int(remat), remat=remat)
+
+    return replay
+
+
+def _loss_batch(res: Any, batch: DiffusionBatch, lo: jax.Array, lref: jax.Array | None,
+                k: jax.Array, traj_old: jax.Array | None, traj_ref: jax.Array | None,
+                lcfg: LLaDAConfig, cfg: Config) -> Any:
+    """One inner iteration's loss batch: the correction ``res``'s keep mask and advantages
+    with the surrogate's old log-probs (``lo``: the estimates; the score's replay with
+    ``diffusion.surrogate: trajectory``) and the KL reference's (``lref`` / ``traj_ref``)."""
+    keep = res.keep.astype(jnp.float32)
+    if cfg.diffusion.surrogate == "trajectory":  # the replayed trajectory under gradient,
+        # against the score's replay; a selection term of probability 0 under the trainer
+        # (or the KL reference) is -inf: its tokens' importance ratio is 0, left out
+        # (exp(-inf - -inf) is NaN)
+        ok = jnp.isfinite(traj_old) & (True if traj_ref is None else jnp.isfinite(traj_ref))
+        return ReplayBatch(batch.prompt_tokens, batch.prompt_mask, batch.tokens,
+                           keep * ok.astype(keep.dtype), traj_old, res.advantages, traj_ref,
+                           batch.reveal_step)
+    # the iteration's prompt mask over the whole batch (the score's), before a split
+    masked, _ = mask_prompt(jax.random.wrap_key_data(k), batch.prompt_tokens, lcfg,
+                            cfg.diffusion.p_mask, batch.prompt_mask)
+    return grpo.GRPOBatch(masked, batch.prompt_mask, batch.tokens, keep, lo, res.advantages,
+                          lref)
 
 
 def shardings(mesh: Mesh, cfg: Config) -> tuple[Any, Any, NamedSharding, NamedSharding]:
