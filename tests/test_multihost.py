@@ -220,7 +220,7 @@ def test_a_failed_collective_ends_the_process_at_once(error, peer, monkeypatch, 
         raise SystemExit(f"os._exit({code})")
 
     monkeypatch.setattr(cli, "run", fail)
-    monkeypatch.setattr(cli, "_init_distributed", lambda flag: None)
+    monkeypatch.setattr(cli, "_init_distributed", lambda *a: None)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(os, "_exit", exit_now)
     with pytest.raises(SystemExit, match=r"os\._exit\(1\)"):

@@ -9,7 +9,9 @@ cache (``runtime.compile_cache``), so a rerun or resume starts in seconds;
 Multi-host (TPU pod, GPU cluster): every host runs the same command with
 ``--distributed`` (``jax.distributed.initialize()`` auto-detects the cluster),
 or sets ``AIS_JAX_COORDINATOR=host:port``, ``AIS_JAX_NUM_PROCESSES`` and
-``AIS_JAX_PROCESS_ID``.
+``AIS_JAX_PROCESS_ID`` (`ais_jax.run.distributed`: checked, and bounded by
+``runtime.init_timeout_s``; then `ais_jax.run.agree` checks that every process runs the same
+run).
 """
 
 from __future__ import annotations
@@ -28,20 +30,10 @@ from ais_jax.run.signals import Interrupted
 __all__ = ["RunResult", "main", "run"]
 
 
-def _init_distributed(flag: bool) -> None:
-    import jax
+def _init_distributed(flag: bool, timeout_s: float) -> None:
+    from ais_jax.run.distributed import init_distributed
 
-    coord = os.environ.get("AIS_JAX_COORDINATOR")
-    if coord:
-        if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or not flag:
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=coord,
-            num_processes=int(os.environ["AIS_JAX_NUM_PROCESSES"]),
-            process_id=int(os.environ["AIS_JAX_PROCESS_ID"]),
-        )
-    elif flag:
-        jax.distributed.initialize()
+    init_distributed(flag, timeout_s)  # bounded by runtime.init_timeout_s
 
 
 def _quiet_until_exit() -> None:
@@ -124,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_config(cfg))
             return 0
         check_host_memory(cfg)  # before any problem is generated or any array allocated
-        _init_distributed(args.distributed)
+        _init_distributed(args.distributed, cfg.runtime.init_timeout_s)
         run(cfg, overwrite=args.overwrite)
     except UsageError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
