@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ais_jax.core.errors import StorageError, UsageError, storage_error
 from ais_jax.run.loop import RunResult, run
-from ais_jax.run.multihost import PeerFailed
+from ais_jax.run.multihost import PeerFailed, peer_lost
 from ais_jax.run.signals import Interrupted
 
 __all__ = ["RunResult", "main", "run"]
@@ -55,12 +55,6 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-# What a collective raises on the survivors when a peer process died (gloo on CPU, the
-# coordination service anywhere).
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "heartbeat timeout",
-              "stopped sending heartbeats", "DEADLINE_EXCEEDED")
-
-
 def _exit_multi_process(e: BaseException) -> None:
     """In a multi-process run, end this process now after an unexpected error: its peers
     wait in a collective, and the normal exit would wait too (JAX's shutdown barrier, then an
@@ -73,7 +67,7 @@ def _exit_multi_process(e: BaseException) -> None:
             return
     except Exception:  # no backend (the error came before JAX started)
         return
-    if type(e).__name__ == "JaxRuntimeError" and any(s in str(e) for s in _PEER_LOST):
+    if peer_lost(e):
         print(f"error: process {jax.process_index()}: another process of this "
               f"{jax.process_count()}-process run died ({_one_line(e)[:200]}); see its log, "
               "then rerun the same command on every host to resume from the latest "

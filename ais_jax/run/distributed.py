@@ -7,7 +7,9 @@
 * the environment is checked before JAX is asked: the count an integer >= 1, the process id
   an integer in ``0..count-1``, the coordinator ``host:port`` (one line, exit 2, at once);
 * process 0 checks that it can bind the coordinator's port (a second process 0, or another
-  program on the port, is refused at once instead of aborting in C++);
+  program on the port, is refused at once instead of aborting in C++), and runs JAX's
+  distributed service in a child process (`ais_jax.run.coordinator`), so that its own death
+  reaches the other processes as any process's does (one line, exit 1);
 * a watchdog ends the process with one line and exit 2 when the processes have not all
   joined within ``runtime.init_timeout_s`` seconds: a coordinator that does not answer, a
   process that never starts, a duplicate id, or processes started with different counts
@@ -26,6 +28,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from ais_jax.core.errors import UsageError
+from ais_jax.run.coordinator import release_lingering, service_in_child
 
 ENV_COORDINATOR = "AIS_JAX_COORDINATOR"
 ENV_COUNT = "AIS_JAX_NUM_PROCESSES"
@@ -107,6 +110,7 @@ def check_port_free(port: int) -> None:
                       f"distinct {ENV_ID}, or choose a free port in {ENV_COORDINATOR}")
     if not _claim(port):
         raise busy
+    release_lingering(port)  # the service a dead process 0 of this host left serving
     for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)
@@ -184,6 +188,10 @@ def init_distributed(flag: bool, timeout_s: float) -> None:
                f"with the same {ENV_COORDINATOR} and {ENV_COUNT}={count} and a distinct "
                f"{ENV_ID} in 0..{count - 1}, and check that the coordinator's host and port "
                "are reachable")
-    joined_within(timeout_s, message, lambda: jax.distributed.initialize(
-        coordinator_address=coord, num_processes=count, process_id=pid,
-        initialization_timeout=deadline))
+
+    def connect() -> None:
+        with service_in_child():  # process 0's death then reads like any process's
+            jax.distributed.initialize(coordinator_address=coord, num_processes=count,
+                                       process_id=pid, initialization_timeout=deadline)
+
+    joined_within(timeout_s, message, connect)

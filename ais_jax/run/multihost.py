@@ -37,6 +37,17 @@ MARKER_PREFIX = ".ais_jax_shared_"
 SHARED_WAIT_S = 5.0
 
 
+# What a collective raises on the survivors when a peer process died (gloo on CPU, the
+# coordination service anywhere).
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "heartbeat timeout",
+              "stopped sending heartbeats", "DEADLINE_EXCEEDED")
+
+
+def peer_lost(e: BaseException) -> bool:
+    """``e`` is what a collective raises when another process of the run died."""
+    return type(e).__name__ == "JaxRuntimeError" and any(s in str(e) for s in _PEER_LOST)
+
+
 class PeerFailed(Exception):  # noqa: N818 - the peer's failure, not this process's
     """Process 0 failed with an internal (non-usage) error while deciding for all."""
 
