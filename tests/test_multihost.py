@@ -128,11 +128,13 @@ def _metrics(out_dir) -> list[dict]:
 
 
 def _when_saving(d, step, procs, timeout=200):
-    """Wait until orbax writes checkpoint ``step`` of run ``d`` (its temporary directory)."""
-    t0 = time.monotonic()
+    """Wait until orbax writes checkpoint ``step`` of run ``d`` (a new temporary directory;
+    one a killed run left behind does not count)."""
+    t0, ckpts = time.monotonic(), d / "checkpoints"
+    old = set(os.listdir(ckpts)) if ckpts.exists() else set()
     while time.monotonic() - t0 < timeout and all(p.poll() is None for p in procs):
         with contextlib.suppress(FileNotFoundError):
-            if any(n.startswith(f"{step}.") and "tmp" in n for n in os.listdir(d / "checkpoints")):
+            if any(n.startswith(f"{step}.") and "tmp" in n for n in set(os.listdir(ckpts)) - old):
                 return
         time.sleep(0.005)
     pytest.fail(f"checkpoint {step} of {d} was never seen being written")

@@ -197,3 +197,24 @@ def test_first_difference_names_the_first_key_and_process(tmp_path):
     before = ident["task.train_file" + agree.FILE_SUFFIX]
     f.write_text('{"prompt": "1+2", "answer": "3"}\n')
     assert agree.identity(cfg)["task.train_file" + agree.FILE_SUFFIX] != before
+
+
+@pytest.mark.slow  # a child process that imports JAX (~3 s; ~20 s on 2 busy cores)
+def test_a_service_left_by_a_dead_process_0_lingers_until_a_rerun_takes_the_port():
+    # issue 55 row 7: JAX's service runs in a child of process 0 that outlives it (the
+    # survivors then fail in a collective, not in C++); a rerun's process 0 ends it at once
+    from ais_jax.run import coordinator
+
+    port = _free_port()
+    svc = coordinator.start_child_service(f"[::]:{port}", 2)
+    assert not coordinator.release_lingering(port)  # serving, not lingering: left alone
+    with pytest.raises(UsageError, match="already in use"):
+        distributed.check_port_free(port)
+    svc.proc.stdin.close()  # process 0 died (no stop word): the child lingers
+    time.sleep(0.5)
+    assert svc.proc.poll() is None
+    t0 = time.monotonic()
+    assert coordinator.release_lingering(port)
+    svc.proc.wait(10)
+    assert time.monotonic() - t0 < 10
+    distributed.check_port_free(port)  # free again for the rerun

@@ -123,6 +123,8 @@ def check_port_free(port: int) -> None:
                 return
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
+                    if _claims:  # the claim goes with the refusal
+                        _claims.pop().close()
                     raise busy from None
 
 
