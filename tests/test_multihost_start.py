@@ -73,7 +73,7 @@ def _one_line_exit_2(rc_err, contains):
     return lines[0]
 
 
-@pytest.mark.slow  # 3 pairs of processes started together (~15 s on 2 busy cores)
+@pytest.mark.slow  # 3 pairs of processes started together (~12 s CPU)
 def test_processes_with_different_configs_stop_on_both_naming_the_key(tmp_path):
     # issue 55 rows 1-3: another seed, learning rate or step count on process 1 only: both
     # exited 0 with a mixed run (rows 1, 2), or aborted in a gloo collective (row 3)
@@ -97,8 +97,8 @@ PERTURB = [("rollout.group_size", "4"), ("ais.mode", "tis"), ("train.beta_kl", "
            ("checkpoint.keep", "2")]
 
 
-@pytest.mark.slow  # 2 examples of 1 pair each (~12 s on 2 busy cores)
-@settings(max_examples=2, deadline=None,
+@pytest.mark.slow  # one pair of processes per example (~4 s CPU; the suite runs one example)
+@settings(max_examples=1, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(PERTURB))
 def test_any_one_key_changed_on_process_1_stops_both(tmp_path, perturb):
@@ -112,18 +112,18 @@ def test_any_one_key_changed_on_process_1_stops_both(tmp_path, perturb):
     assert lines[0] == lines[1]
 
 
-@pytest.mark.slow  # 5 scenarios, 9 processes started together (~20 s on 2 busy cores)
+@pytest.mark.slow  # 4 scenarios, 7 processes started together (~12 s CPU)
 def test_start_up_that_cannot_join_ends_in_one_line_on_every_process(tmp_path):
     # issue 55 rows 4-6 and a count mismatch: each process ends with one line and exit 2
     # within runtime.init_timeout_s (3 s here) of its start-up, instead of hanging ~300 s
     # (then a C++ abort), waiting until killed, or a ValueError traceback
     args = [f"out_dir={tmp_path / 'r'}", *MIN, "runtime.init_timeout_s=3"]
-    p = [_free_port() for _ in range(5)]
+    p = [_free_port() for _ in range(3)]
     specs = [(_env(p[0], 2, 1), args),  # row 4: alone, no coordinator listening
              (_env(p[1], 2, 0), args), (_env(p[1], 2, 0), args),  # row 5: two process 0s
-             (_env(p[2], 2, 0), args), (_env(p[2], 2, 5), args),  # row 6: id 5 of 2
-             (_env(p[3], 3, 0), args), (_env(p[3], 2, 1), args)]  # process 0 waits for 3
-    # the other count mismatch joins (process 0 serves 2): the count is then a differing key
+             (_env(p[2], 2, 0), args), (_env(p[2], 2, 5), args)]  # row 6: id 5 of 2
+    # a count mismatch: with process 0 serving 2 both join, and the count is a differing key
+    # (with process 0 serving 3, process 0 waits, as in row 6, until the watchdog ends it)
     specs += _pair_specs(tmp_path / "count", count1=3)
     out, elapsed = _launch(specs)
     assert elapsed < BOUND_S
@@ -133,9 +133,7 @@ def test_start_up_that_cannot_join_ends_in_one_line_on_every_process(tmp_path):
     assert "already in use" in five[1] and join in five[0], five  # "error: p" < "error: t"
     _one_line_exit_2(out[3], f"process 0 of 2: {join}")
     _one_line_exit_2(out[4], "AIS_JAX_PROCESS_ID=5 is outside 0..1")
-    _one_line_exit_2(out[5], f"process 0 of 3: {join}")
-    _one_line_exit_2(out[6], f"process 1 of 2: {join}")
-    for x in out[7:]:
+    for x in out[5:]:
         _one_line_exit_2(x, "process 1 has another processes.count (2 on process 0, 3 on")
 
 
