@@ -30,7 +30,7 @@ from ais_jax.run.signals import Interrupted
 __all__ = ["RunResult", "main", "run"]
 
 
-def _init_distributed(flag: bool, timeout_s: float) -> None:
+def _init_distributed(flag: bool, timeout_s: float = 60.0) -> None:
     from ais_jax.run.distributed import init_distributed
 
     init_distributed(flag, timeout_s)  # bounded by runtime.init_timeout_s
