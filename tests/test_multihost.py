@@ -187,7 +187,7 @@ def _check_interrupted(out, d, *, killed):
         integrity.verify_checksums(str(d / "checkpoints" / n))
 
 
-@pytest.mark.slow  # a 1-process run, four 2-process runs and a 1-process resume (~200 s, busy)
+@pytest.mark.slow  # 1-process runs x2, 2-process runs x3 (346 s on 2 cores shared by ~8 jobs)
 def test_two_processes_with_gradients_and_a_resume_match_one_process(tmp_path, monkeypatch):
     # fsdp=4 over 2 processes x 2 devices: params and optimizer state are split across the
     # processes. A reward by token content (the share of digits) gives an untrained model
