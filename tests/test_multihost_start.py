@@ -216,3 +216,23 @@ def test_a_service_left_by_a_dead_process_0_lingers_until_a_rerun_takes_the_port
     svc.proc.wait(10)
     assert time.monotonic() - t0 < 10
     distributed.check_port_free(port)  # free again for the rerun
+
+
+def test_a_survivor_releases_the_lock_of_a_dead_process_0(tmp_path, monkeypatch):
+    # issue 55 item 3: process 0 cannot release its lock when it dies; the survivor, told of
+    # the death by a failed collective, removes it if it is still the one of this run
+    import json
+
+    from ais_jax.run import multihost
+
+    monkeypatch.setattr(multihost, "_count", lambda: 2)
+    monkeypatch.setattr(multihost, "is_main", lambda: False)
+    lock, info = tmp_path / "run.lock", {"pid": 12345, "host": "host0", "since": "t"}
+    lock.write_text(json.dumps(info))
+    multihost.share_lock(str(lock), {**info, "pid": 1})  # another run's lock now: kept
+    assert not multihost.release_dead_main_lock() and lock.exists()
+    multihost.share_lock(str(lock), info)
+    assert multihost.release_dead_main_lock() and not lock.exists()
+    multihost.share_lock("", None)  # the run ended: nothing to release
+    lock.write_text(json.dumps(info))
+    assert not multihost.release_dead_main_lock() and lock.exists()

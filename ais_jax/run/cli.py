@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ais_jax.core.errors import StorageError, UsageError, storage_error
 from ais_jax.run.loop import RunResult, run
-from ais_jax.run.multihost import PeerFailed, peer_lost
+from ais_jax.run.multihost import PeerFailed, peer_lost, release_dead_main_lock
 from ais_jax.run.signals import Interrupted
 
 __all__ = ["RunResult", "main", "run"]
@@ -68,6 +68,7 @@ def _exit_multi_process(e: BaseException) -> None:
     except Exception:  # no backend (the error came before JAX started)
         return
     if peer_lost(e):
+        release_dead_main_lock()  # process 0 may be the one that died: its lock goes too
         print(f"error: process {jax.process_index()}: another process of this "
               f"{jax.process_count()}-process run died ({_one_line(e)[:200]}); see its log, "
               "then rerun the same command on every host to resume from the latest "
