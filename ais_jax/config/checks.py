@@ -257,6 +257,9 @@ def _validate_runtime(rt: RuntimeSection) -> None:
         f"runtime.profile_steps must be >= 1 (RL steps traced), got {rt.profile_steps}; "
         "set runtime.profile_dir='' to turn profiling off",
     )
+    _require(1.0 <= rt.init_timeout_s <= 86400.0,
+             f"runtime.init_timeout_s must be in [1, 86400] seconds (multi-process start-up), "
+             f"got {rt.init_timeout_s}")
     for key, value in (("runtime.compile_cache", rt.compile_cache),
                        ("runtime.profile_dir", rt.profile_dir)):
         _require("\x00" not in value, f"{key} contains a NUL byte; set it to a directory path")

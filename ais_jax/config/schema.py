@@ -301,6 +301,9 @@ class RuntimeSection:
     # extra XLA flags for this process, appended to XLA_FLAGS before JAX starts its backend
     # (e.g. "--xla_gpu_enable_command_buffer=..."); docs/performance.md
     xla_flags: str = ""
+    # multi-process start-up: seconds for every process to join the coordinator and agree on
+    # the run (config, code, data); then one line and exit 2 on every process (docs/pods.md)
+    init_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,8 @@ def save(
         except Exception as e:  # orbax / tensorstore wrap the OSError in their own types
             se = storage_error(e, _step_dir(manager, step))
             if se is None:
+                # a peer died mid-save: orbax's threads log it at length; the CLI says it once
+                held.drop = multihost.peer_lost(e)
                 raise
             # Let orbax's background threads finish failing while stderr is held: they log
             # the same failure many times over; the run reports it in one line.

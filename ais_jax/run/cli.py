@@ -9,7 +9,9 @@ cache (``runtime.compile_cache``), so a rerun or resume starts in seconds;
 Multi-host (TPU pod, GPU cluster): every host runs the same command with
 ``--distributed`` (``jax.distributed.initialize()`` auto-detects the cluster),
 or sets ``AIS_JAX_COORDINATOR=host:port``, ``AIS_JAX_NUM_PROCESSES`` and
-``AIS_JAX_PROCESS_ID``.
+``AIS_JAX_PROCESS_ID`` (`ais_jax.run.distributed`: checked, and bounded by
+``runtime.init_timeout_s``; then `ais_jax.run.agree` checks that every process runs the same
+run).
 """
 
 from __future__ import annotations
@@ -22,26 +24,16 @@ from collections.abc import Sequence
 
 from ais_jax.core.errors import StorageError, UsageError, storage_error
 from ais_jax.run.loop import RunResult, run
-from ais_jax.run.multihost import PeerFailed
+from ais_jax.run.multihost import PeerFailed, peer_lost, release_dead_main_lock
 from ais_jax.run.signals import Interrupted
 
 __all__ = ["RunResult", "main", "run"]
 
 
-def _init_distributed(flag: bool) -> None:
-    import jax
+def _init_distributed(flag: bool, timeout_s: float = 60.0) -> None:
+    from ais_jax.run.distributed import init_distributed
 
-    coord = os.environ.get("AIS_JAX_COORDINATOR")
-    if coord:
-        if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or not flag:
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=coord,
-            num_processes=int(os.environ["AIS_JAX_NUM_PROCESSES"]),
-            process_id=int(os.environ["AIS_JAX_PROCESS_ID"]),
-        )
-    elif flag:
-        jax.distributed.initialize()
+    init_distributed(flag, timeout_s)  # bounded by runtime.init_timeout_s
 
 
 def _quiet_until_exit() -> None:
@@ -63,12 +55,6 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-# What a collective raises on the survivors when a peer process died (gloo on CPU, the
-# coordination service anywhere).
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "heartbeat timeout",
-              "stopped sending heartbeats", "DEADLINE_EXCEEDED")
-
-
 def _exit_multi_process(e: BaseException) -> None:
     """In a multi-process run, end this process now after an unexpected error: its peers
     wait in a collective, and the normal exit would wait too (JAX's shutdown barrier, then an
@@ -81,7 +67,8 @@ def _exit_multi_process(e: BaseException) -> None:
             return
     except Exception:  # no backend (the error came before JAX started)
         return
-    if type(e).__name__ == "JaxRuntimeError" and any(s in str(e) for s in _PEER_LOST):
+    if peer_lost(e):
+        release_dead_main_lock()  # process 0 may be the one that died: its lock goes too
         print(f"error: process {jax.process_index()}: another process of this "
               f"{jax.process_count()}-process run died ({_one_line(e)[:200]}); see its log, "
               "then rerun the same command on every host to resume from the latest "
@@ -124,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_config(cfg))
             return 0
         check_host_memory(cfg)  # before any problem is generated or any array allocated
-        _init_distributed(args.distributed)
+        _init_distributed(args.distributed, cfg.runtime.init_timeout_s)
         run(cfg, overwrite=args.overwrite)
     except UsageError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ais_jax.run import final, multihost, results, runguard
+from ais_jax.run import agree, final, multihost, results, runguard
 from ais_jax.run.signals import Interrupted, StopFlag
 
 
@@ -63,6 +63,7 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
     from ais_jax.run import runtime, trackers
 
     trackers.parse_backends(cfg.log)  # bad log.backends: fail before any work
+    agree.check_one_run(cfg, dataset)  # every process runs process 0's run (no collective)
     runtime.setup(cfg.runtime)  # the compilation cache, before the first compilation
     is_main = jax.process_index() == 0
     results.make_out_dir(cfg.out_dir)
@@ -71,8 +72,11 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
         multihost.check_shared_dir(cfg.out_dir)  # process 0's lock outcome is everyone's:
         lock = runguard.RunLock(cfg.out_dir) if is_main else None
         try:
-            multihost.decide(lambda: lock.acquire() if lock else None)
-            return _run_locked(cfg, is_main, reward_fns, dataset, overwrite, stop)
+            held = multihost.decide(lambda: (lock.acquire(), lock.info)[1] if lock else None)
+            multihost.share_lock(os.path.join(cfg.out_dir, runguard.LOCK_NAME), held)
+            result = _run_locked(cfg, is_main, reward_fns, dataset, overwrite, stop)
+            multihost.share_lock("", None)  # kept on an error: the CLI may release it
+            return result
         finally:
             if lock is not None:
                 lock.release()

@@ -37,6 +37,45 @@ MARKER_PREFIX = ".ais_jax_shared_"
 SHARED_WAIT_S = 5.0
 
 
+# What a collective raises on the survivors when a peer process died (gloo on CPU, the
+# coordination service anywhere).
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "heartbeat timeout",
+              "stopped sending heartbeats", "DEADLINE_EXCEEDED")
+
+
+def peer_lost(e: BaseException) -> bool:
+    """``e`` is what a collective raises when another process of the run died."""
+    return type(e).__name__ == "JaxRuntimeError" and any(s in str(e) for s in _PEER_LOST)
+
+
+# Process 0's lock of the run in progress, as every process knows it (`share_lock`).
+_main_lock: dict[str, Any] = {}
+
+
+def share_lock(path: str, info: dict[str, Any] | None) -> None:
+    """Remember process 0's lock (its file and content; None: the run ended) so that a
+    survivor of process 0's death can release it (`release_dead_main_lock`)."""
+    _main_lock.clear()
+    if info is not None and _count() > 1:
+        _main_lock.update(path=path, info=info)
+
+
+def release_dead_main_lock() -> bool:
+    """After process 0 died (a failed collective), remove its lock file if it is still the
+    one process 0 took for this run; process 0 cannot, and from another host the rerun could
+    not take it over. Returns whether it was removed."""
+    if not _main_lock or is_main():
+        return False
+    try:
+        with open(_main_lock["path"]) as f:
+            if json.load(f) != _main_lock["info"]:
+                return False
+        os.unlink(_main_lock["path"])
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 class PeerFailed(Exception):  # noqa: N818 - the peer's failure, not this process's
     """Process 0 failed with an internal (non-usage) error while deciding for all."""
 
