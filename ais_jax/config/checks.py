@@ -8,11 +8,11 @@ User values in messages are clipped (`ais_jax.core.safe_yaml.clip`).
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING
 
 from ais_jax.config.bounds import check_numeric_bounds
 from ais_jax.config.schema import CHOICES, SKIP_PATH_CHECK_ENV, SPECIAL_SOURCES
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError
 from ais_jax.core.safe_yaml import PATH_CHARS, clip
 
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
         TaskSection,
         TrainSection,
     )
-
-
-# A path with a scheme (gs://, s3://, hdfs://, ...): written locally it would be a folder "gs:".
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -94,11 +90,10 @@ def _validate_choices(cfg: Config) -> None:
         )
     _require(bool(cfg.out_dir), "out_dir is empty; set it to a run directory, e.g. runs/my_run")
     _require("\x00" not in cfg.out_dir, "out_dir contains a NUL byte; set it to a directory path")
-    _require(not _URL.match(cfg.out_dir),
-             f"out_dir {clip(cfg.out_dir)} is a URL; only local or mounted paths are supported "
-             "(checkpoints and results are written with local file calls): mount the bucket "
-             "(e.g. gcsfuse, NFS) and give its local path")
-    _check_path("out_dir", cfg.out_dir)
+    if storage.is_remote(cfg.out_dir):
+        storage.check_served(cfg.out_dir)  # a bucket: orbax and fsspec write it directly
+    else:
+        _check_path("out_dir", cfg.out_dir)
     _require(0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32), got {clip(cfg.seed)}")
 
 
