@@ -70,9 +70,20 @@ def _fs(path: str) -> tuple[Any, str]:
     import fsspec
 
     check_served(path)
-    logging.getLogger("gcsfs").setLevel(logging.ERROR)  # its bucket-type probe warns per call
-    fs, inner = fsspec.core.url_to_fs(path)
-    return fs, inner
+    # its bucket-type probe warns per call, and it logs a traceback before raising a failure
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+    s = scheme(path)
+    # The instance etils.epath (and so orbax) uses: one listing cache, cleared by each write.
+    fs = fsspec.filesystem("gcs", finalize_on_close=True) if s == "gs" else \
+        fsspec.filesystem(s)
+    return fs, os.fspath(path)[len(s) + 3:]
+
+
+def refresh(path: str) -> None:
+    """Forget the cached listings of ``path``'s store (objects written by TensorStore or by
+    another process are then seen); a local path: nothing to do."""
+    if is_remote(path):
+        _fs(path)[0].invalidate_cache()
 
 
 def _one_line(e: BaseException) -> str:

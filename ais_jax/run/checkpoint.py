@@ -113,6 +113,7 @@ def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
 
 def all_steps(manager: ocp.CheckpointManager) -> list[int]:
     """Finalized checkpoint steps, ascending (temporary, unfinished saves are not listed)."""
+    storage.refresh(os.fspath(manager.directory))
     manager.reload()
     return sorted(manager.all_steps())
 

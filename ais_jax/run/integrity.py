@@ -157,6 +157,7 @@ def prune(manager: Any, keep: int, protect: int | None = None) -> list[int]:
     before anything is deleted: a process still listing the directory while process 0 deletes
     a step failed on the vanished step (``FileNotFoundError``, seen once in CI).
     """
+    storage.refresh(os.fspath(manager.directory))
     manager.reload()
     steps = sorted(manager.all_steps())
     newest = set(steps[-keep:])
