@@ -14,8 +14,12 @@ import sys
 import time
 import urllib.request
 
-ENV = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
-       "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+ENV = (
+    "STORAGE_EMULATOR_HOST",
+    "TENSORSTORE_GCS_HTTP_URL",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+)
 
 
 def free_port() -> int:
@@ -30,9 +34,20 @@ def start_emulator(port: int | None = None) -> tuple[subprocess.Popen, str]:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-         "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "gcp_storage_emulator",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -43,10 +58,15 @@ def start_emulator(port: int | None = None) -> tuple[subprocess.Popen, str]:
                 proc.kill()
                 raise RuntimeError("the GCS emulator did not start") from None
             time.sleep(0.1)
-    os.environ.update({"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-                       "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",
-                       # gcsfs's bucket-type probe speaks gRPC, which the emulator lacks
-                       "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"})
+    os.environ.update(
+        {
+            "STORAGE_EMULATOR_HOST": url,
+            "TENSORSTORE_GCS_HTTP_URL": url,
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",
+            # gcsfs's bucket-type probe speaks gRPC, which the emulator lacks
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        }
+    )
     return proc, url
 
 
@@ -54,8 +74,11 @@ def make_bucket(url: str, name: str) -> str:
     """Create bucket ``name`` in the emulator at ``url``; returns ``gs://name``."""
     import json
 
-    req = urllib.request.Request(f"{url}/storage/v1/b?project=test", method="POST",
-                                 data=json.dumps({"name": name}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/storage/v1/b?project=test",
+        method="POST",
+        data=json.dumps({"name": name}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     urllib.request.urlopen(req, timeout=10).read()
     return f"gs://{name}"

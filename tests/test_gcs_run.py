@@ -14,16 +14,24 @@ from ais_jax.core import storage
 from ais_jax.run import cli as train
 from ais_jax.training.flops import TIMING_KEYS
 
-TINY = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.group_size=2", "task.eval_size=4",
-        "sft.target_accuracy=0", "checkpoint.every=1", "train.learning_rate=0.003"]
+TINY = [
+    *TINY_RUN,
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "task.eval_size=4",
+    "sft.target_accuracy=0",
+    "checkpoint.every=1",
+    "train.learning_rate=0.003",
+]
 TIMING = {"step_time_s", *TIMING_KEYS}
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 def _metrics(out):
     text = storage.read_text(storage.join(str(out), "metrics.jsonl"))
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in text.splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING} for line in text.splitlines()
+    ]
 
 
 def _assert_same(a, b):
@@ -31,8 +39,9 @@ def _assert_same(a, b):
     for ra, rb in zip(a, b, strict=True):
         assert set(ra) == set(rb)
         for k in ra:
-            np.testing.assert_allclose(rb[k], ra[k], rtol=1e-6, atol=1e-6,
-                                       err_msg=f"step {ra['step']} {k}")
+            np.testing.assert_allclose(
+                rb[k], ra[k], rtol=1e-6, atol=1e-6, err_msg=f"step {ra['step']} {k}"
+            )
 
 
 @pytest.mark.slow

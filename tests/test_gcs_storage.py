@@ -56,8 +56,9 @@ def test_objects_read_write_list_and_ranges(gcs_bucket, tmp_path, monkeypatch):
 
 def test_metrics_truncated_on_resume_in_a_bucket(gcs_bucket):
     path = f"{gcs_bucket}/run/metrics.jsonl"
-    storage.write_text(path, "".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3))
-                       + '{"step": 4')  # a torn last line
+    storage.write_text(
+        path, "".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4'
+    )  # a torn last line
     kept = runguard.truncate_metrics(path, 2)
     assert [r["step"] for r in kept] == [1, 2]
     runguard.append_record(path, {"step": 3, "x": float("nan")})
@@ -72,8 +73,12 @@ def test_lock_in_a_bucket_is_exclusive_and_stale_rule_as_on_disk(gcs_bucket, cap
         runguard.RunLock(run).acquire()
     assert len(str(e.value).splitlines()) == 1 and f"lock {run}/run.lock" in str(e.value)
     assert not storage.exists(f"{run}/run.lock")  # released
-    lock = {"pid": _dead_pid(), "host": socket.gethostname(), "since": "2026-01-01T00:00:00",
-            "start": None}
+    lock = {
+        "pid": _dead_pid(),
+        "host": socket.gethostname(),
+        "since": "2026-01-01T00:00:00",
+        "start": None,
+    }
     storage.write_text(f"{run}/run.lock", json.dumps(lock))
     with runguard.RunLock(run):
         assert "took over the stale lock" in capsys.readouterr().err
@@ -123,8 +128,7 @@ def test_checkpoints_in_a_bucket_verified_and_partial_saves_not_listed(gcs_bucke
     ckpt.close(m)
 
 
-def test_missing_bucket_and_missing_extra_are_one_line(gcs_emulator, tmp_path, monkeypatch,
-                                                       capsys):
+def test_missing_bucket_and_missing_extra_are_one_line(gcs_emulator, tmp_path, monkeypatch, capsys):
     from _tiny import TINY_RUN
 
     from ais_jax.run import cli
@@ -138,8 +142,27 @@ def test_missing_bucket_and_missing_extra_are_one_line(gcs_emulator, tmp_path, m
     with pytest.raises(UsageError, match="not a valid bucket name"):
         storage.check_served("gs://B/run")
     real = storage.importlib.util.find_spec
-    monkeypatch.setattr(storage.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "gcsfs" else real(name, *a))
+    monkeypatch.setattr(
+        storage.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gcsfs" else real(name, *a),
+    )
     with pytest.raises(UsageError, match=r"pip install 'ais_jax\[gcs\]'"):
         load_config(None, ["out_dir=gs://bucket/run"])
     assert os.listdir(tmp_path) == []
+
+
+def test_plots_read_a_bucket_run(gcs_bucket, tmp_path, monkeypatch, capsys):
+    from ais_jax.run import plots
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"step": s, "reward_mean": 0.1 * s, "alpha": 1.0} for s in (1, 2, 3)]
+    storage.write_text(
+        f"{gcs_bucket}/run/metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    series = plots.read_metrics(f"{gcs_bucket}/run/metrics.jsonl")
+    np.testing.assert_allclose(series["reward_mean"][1], [0.1, 0.2, 0.3])
+    assert plots.main([f"{gcs_bucket}/run"]) == 0
+    assert os.path.isfile(tmp_path / "plots" / "run" / "reward.png")  # local PNGs
+    assert plots.main([f"{gcs_bucket}/nothing"]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -54,16 +54,22 @@ def check_served(path: str, key: str = "out_dir") -> None:
     if s is None:
         return
     if s not in SERVED:
-        raise UsageError(f"{key} {path}: the scheme {s}:// is not served (supported: local "
-                         "paths and gs://bucket/path); use a local path or a gs:// bucket")
+        raise UsageError(
+            f"{key} {path}: the scheme {s}:// is not served (supported: local "
+            "paths and gs://bucket/path); use a local path or a gs:// bucket"
+        )
     module, extra = SERVED[s]
     if importlib.util.find_spec(module) is None:
-        raise UsageError(f"{key} {path}: {s}:// paths need {module}, which is not installed; "
-                         f"run `pip install 'ais_jax[{extra}]'`")
-    bucket = os.fspath(path)[len(s) + 3:].split("/", 1)[0]
+        raise UsageError(
+            f"{key} {path}: {s}:// paths need {module}, which is not installed; "
+            f"run `pip install 'ais_jax[{extra}]'`"
+        )
+    bucket = os.fspath(path)[len(s) + 3 :].split("/", 1)[0]
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
-        raise UsageError(f"{key} {path}: {bucket!r} is not a valid bucket name (3-222 lower-case "
-                         "letters, digits, '-', '_' or '.'); write gs://<bucket>/<path>")
+        raise UsageError(
+            f"{key} {path}: {bucket!r} is not a valid bucket name (3-222 lower-case "
+            "letters, digits, '-', '_' or '.'); write gs://<bucket>/<path>"
+        )
 
 
 def _fs(path: str) -> tuple[Any, str]:
@@ -74,9 +80,8 @@ def _fs(path: str) -> tuple[Any, str]:
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     s = scheme(path)
     # The instance etils.epath (and so orbax) uses: one listing cache, cleared by each write.
-    fs = fsspec.filesystem("gcs", finalize_on_close=True) if s == "gs" else \
-        fsspec.filesystem(s)
-    return fs, os.fspath(path)[len(s) + 3:]
+    fs = fsspec.filesystem("gcs", finalize_on_close=True) if s == "gs" else fsspec.filesystem(s)
+    return fs, os.fspath(path)[len(s) + 3 :]
 
 
 def refresh(path: str) -> None:
@@ -98,14 +103,17 @@ def remote_error(e: BaseException, path: str) -> StorageError:
     if "forbidden" in low or "403" in low or isinstance(e, PermissionError):
         why = "permission denied; grant this account access to the bucket"
     elif "credential" in low or "401" in low or "unauthorized" in low:
-        why = "no usable credentials; run `gcloud auth application-default login` or set " \
-              "GOOGLE_APPLICATION_CREDENTIALS"
+        why = (
+            "no usable credentials; run `gcloud auth application-default login` or set "
+            "GOOGLE_APPLICATION_CREDENTIALS"
+        )
     elif "connect" in low or "timeout" in low or "timed out" in low:
         why = "the storage endpoint does not answer (after retries); check the network"
     else:
         why = f"{type(e).__name__}: {text}"
-    return StorageError(f"{path}: {why}; fix it, then rerun the same command to resume from the "
-                        "latest checkpoint")
+    return StorageError(
+        f"{path}: {why}; fix it, then rerun the same command to resume from the latest checkpoint"
+    )
 
 
 @contextlib.contextmanager
@@ -242,8 +250,10 @@ def makedirs(path: str) -> None:
         fs.invalidate_cache()
         found = fs.exists(bucket)
     if not found:
-        raise StorageError(f"{path}: the bucket {bucket} does not exist; create it (gcloud "
-                           f"storage buckets create gs://{bucket}) or fix the path")
+        raise StorageError(
+            f"{path}: the bucket {bucket} does not exist; create it (gcloud "
+            f"storage buckets create gs://{bucket}) or fix the path"
+        )
 
 
 def remove(path: str) -> None:
@@ -283,7 +293,7 @@ def files(directory: str) -> list[str]:
         except FileNotFoundError:
             return []
     prefix = inner.rstrip("/") + "/"
-    return sorted(p[len(prefix):] for p in found if p.startswith(prefix))
+    return sorted(p[len(prefix) :] for p in found if p.startswith(prefix))
 
 
 def move(src: str, dst: str) -> None:
