@@ -62,3 +62,20 @@ def test_bucket_run_and_resume_equal_the_local_run(gcs_bucket, tmp_path, monkeyp
         assert "model.safetensors" in storage.files(f"{out}/final")
         assert not storage.exists(f"{out}/run.lock")
     assert sorted(os.listdir(tmp_path)) == ["local"]  # no local folder named "gs:"
+
+
+@pytest.mark.slow  # two 2-process runs (~1 min on 2 cores)
+def test_two_process_run_in_a_bucket_works_and_resumes(gcs_bucket, tmp_path, monkeypatch):
+    from test_multihost import MIN, _pair
+
+    monkeypatch.chdir(tmp_path)
+    run = f"{gcs_bucket}/pair"
+    for steps in (1, 2):  # the second run resumes from the bucket's step-1 checkpoint
+        out, _ = _pair([run, run], *MIN, f"train.steps={steps}", timeout=300)
+        assert [rc for rc, _, _ in out] == [0, 0], [err[-3000:] for _, _, err in out]
+    assert "resumed from step 1" in out[0][1]
+    assert [r["step"] for r in _metrics(run)] == [1, 2]
+    assert json.loads(storage.read_text(f"{run}/summary.json"))["step"] == 2
+    assert "model.safetensors" in storage.files(f"{run}/final")
+    assert not [f for f in storage.files(run) if "shared" in f or f == "run.lock"]
+    assert os.listdir(tmp_path) == []

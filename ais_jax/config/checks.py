@@ -98,7 +98,9 @@ def _validate_choices(cfg: Config) -> None:
 
 
 def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
-    if m.source not in SPECIAL_SOURCES:
+    if storage.is_remote(m.source):  # a bucket: read in ranges (models/weight_files.py)
+        storage.check_served(m.source, "model.source")
+    elif m.source not in SPECIAL_SOURCES:
         _check_path("model.source", m.source)
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
     _at_least("model", m, (*sizes, "intermediate_size"), 1)
@@ -322,7 +324,9 @@ def check_lora(cfg: Config) -> None:
     _require(not isinstance(lo.dropout, bool) and 0 <= lo.dropout < 1,
              f"lora.dropout must be in [0, 1) (dropout on the LoRA branch's input in the "
              f"update's loss forward; 0 = off), got {clip(lo.dropout)}")
-    if cfg.model.adapter and os.environ.get(SKIP_PATH_CHECK_ENV) != "1":
+    if storage.is_remote(cfg.model.adapter):
+        storage.check_served(cfg.model.adapter, "model.adapter")
+    elif cfg.model.adapter and os.environ.get(SKIP_PATH_CHECK_ENV) != "1":
         _require(os.path.isdir(cfg.model.adapter), f"model.adapter {clip(cfg.model.adapter)} "
                  "is not a directory; point it at a PEFT adapter directory or set it to ''")
 
