@@ -166,3 +166,41 @@ def test_plots_read_a_bucket_run(gcs_bucket, tmp_path, monkeypatch, capsys):
     assert os.path.isfile(tmp_path / "plots" / "run" / "reward.png")  # local PNGs
     assert plots.main([f"{gcs_bucket}/nothing"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_endpoint_gone_is_one_line_naming_the_object(gcs_emulator, monkeypatch):
+    import asyncio
+
+    import gcsfs
+    from _gcs import make_bucket, start_emulator
+
+    real_sleep = asyncio.sleep
+
+    async def no_wait(delay, *a, **k):  # gcsfs's backoff between its retries, skipped
+        await real_sleep(0)
+
+    monkeypatch.setattr(gcsfs.retry.asyncio, "sleep", no_wait)
+    for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):
+        monkeypatch.setenv(k, os.environ[k])  # restored after the private emulator
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    proc, url = start_emulator()
+    try:
+        run = make_bucket(url, "ais-gone") + "/run"
+        storage.write_text(f"{run}/summary.json", "{}")
+        proc.kill()
+        proc.wait()
+        with pytest.raises(StorageError) as e:
+            storage.write_text(f"{run}/metrics.jsonl", "{}\n")
+        line = str(e.value)
+        assert len(line.splitlines()) == 1 and line.startswith(f"{run}/metrics.jsonl: ")
+        assert "does not answer" in line
+    finally:
+        proc.kill()
+        gcsfs.GCSFileSystem.clear_instance_cache()
+
+
+def test_bucket_sources_pass_the_config_checks_other_schemes_do_not(gcs_emulator):
+    cfg = load_config(None, ["model.source=gs://bucket/Qwen3-0.6B", "out_dir=gs://bucket/run"])
+    assert cfg.model.source == "gs://bucket/Qwen3-0.6B"  # no local existence check
+    with pytest.raises(UsageError, match=r"model.source s3://b/m: the scheme s3:// is not served"):
+        load_config(None, ["model.source=s3://b/m"])
