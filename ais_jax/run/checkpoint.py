@@ -189,6 +189,8 @@ def save(
                 integrity.write_checksums(_step_dir(manager, step))
         except Exception as e:  # orbax / tensorstore wrap the OSError in their own types
             se = storage_error(e, _step_dir(manager, step))
+            if se is None and storage.is_remote(_step_dir(manager, step)):
+                se = storage.remote_error(e, _step_dir(manager, step))
             if se is None:
                 raise
             # Let orbax's background threads finish failing while stderr is held: they log
