@@ -22,6 +22,10 @@ ENV = (
 )
 
 
+# the emulator with x-goog-generation on downloads and ifGenerationMatch=0 on uploads
+SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_gcs_server.py")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -36,8 +40,7 @@ def start_emulator(port: int | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "gcp_storage_emulator",
+            SERVER,
             "start",
             "--host",
             "127.0.0.1",

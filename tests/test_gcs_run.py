@@ -71,7 +71,7 @@ def test_two_process_run_in_a_bucket_works_and_resumes(gcs_bucket, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     run = f"{gcs_bucket}/pair"
     for steps in (1, 2):  # the second run resumes from the bucket's step-1 checkpoint
-        out, _ = _pair([run, run], *MIN, f"train.steps={steps}", timeout=300)
+        out, _ = _pair([run, run], *MIN, "mesh.fsdp=4", f"train.steps={steps}", timeout=300)
         assert [rc for rc, _, _ in out] == [0, 0], [err[-3000:] for _, _, err in out]
     assert "resumed from step 1" in out[0][1]
     assert [r["step"] for r in _metrics(run)] == [1, 2]

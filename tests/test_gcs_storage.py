@@ -51,6 +51,10 @@ def test_objects_read_write_list_and_ranges(gcs_bucket, tmp_path, monkeypatch):
     storage.flush_appends()
     assert storage.read_text(f"{run}/m.jsonl") == "1\n2\n"
     storage.forget_appends()
+    # create-if-absent: GCS's ifGenerationMatch=0 precondition (the run lock's)
+    assert storage.write_text(f"{run}/lock", "one", create_only=True)
+    assert not storage.write_text(f"{run}/lock", "two", create_only=True)
+    assert storage.read_text(f"{run}/lock") == "one"
     assert os.listdir(tmp_path) == []  # nothing local, no folder named "gs:"
 
 
