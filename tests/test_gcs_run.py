@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from _tiny import TINY_RUN
+from _tiny import TINY_3_STEPS, TINY_RUN
 
 from ais_jax.core import storage
 from ais_jax.run import cli as train
@@ -44,16 +44,17 @@ def _assert_same(a, b):
             )
 
 
-@pytest.mark.slow
-def test_bucket_run_and_resume_equal_the_local_run(gcs_bucket, tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # three tiny runs (~45 s on 2 cores; the local one is the shared tiny_run)
+def test_bucket_run_and_resume_equal_the_local_run(
+    gcs_bucket, tmp_path, monkeypatch, capsys, tiny_run
+):
     monkeypatch.chdir(tmp_path)
-    local, remote, resumed = tmp_path / "local", f"{gcs_bucket}/run", f"{gcs_bucket}/resumed"
-    assert train.main([f"out_dir={local}", *TINY, "train.steps=3"]) == 0
-    assert train.main([f"out_dir={remote}", *TINY, "train.steps=3"]) == 0
-    assert train.main([f"out_dir={resumed}", *TINY, "train.steps=2"]) == 0
-    assert train.main([f"out_dir={resumed}", *TINY, "train.steps=3"]) == 0
+    remote, resumed = f"{gcs_bucket}/run", f"{gcs_bucket}/resumed"
+    assert train.main([f"out_dir={remote}", *TINY_RUN, *TINY_3_STEPS]) == 0
+    assert train.main([f"out_dir={resumed}", *TINY_RUN, *TINY_3_STEPS, "train.steps=2"]) == 0
+    assert train.main([f"out_dir={resumed}", *TINY_RUN, *TINY_3_STEPS]) == 0
     assert "resumed from step 2" in capsys.readouterr().out
-    want = _metrics(local)
+    want = _metrics(tiny_run[0])  # the same config on a local disk
     assert len(want) == 3
     _assert_same(want, _metrics(remote))
     _assert_same(want, _metrics(resumed))
@@ -61,17 +62,24 @@ def test_bucket_run_and_resume_equal_the_local_run(gcs_bucket, tmp_path, monkeyp
         assert json.loads(storage.read_text(f"{out}/summary.json"))["step"] == 3
         assert "model.safetensors" in storage.files(f"{out}/final")
         assert not storage.exists(f"{out}/run.lock")
-    assert sorted(os.listdir(tmp_path)) == ["local"]  # no local folder named "gs:"
+    assert os.listdir(tmp_path) == []  # no local folder named "gs:"
 
 
 @pytest.mark.slow  # two 2-process runs (~1 min on 2 cores)
 def test_two_process_run_in_a_bucket_works_and_resumes(gcs_bucket, tmp_path, monkeypatch):
-    from test_multihost import MIN, _pair
+    from test_multihost import _pair
 
     monkeypatch.chdir(tmp_path)
     run = f"{gcs_bucket}/pair"
     for steps in (1, 2):  # the second run resumes from the bucket's step-1 checkpoint
-        out, _ = _pair([run, run], *MIN, "mesh.fsdp=4", f"train.steps={steps}", timeout=300)
+        out, _ = _pair(
+            [run, run],
+            *TINY,
+            "rollout.prompts_per_step=4",
+            "mesh.fsdp=4",
+            f"train.steps={steps}",
+            timeout=300,
+        )
         assert [rc for rc, _, _ in out] == [0, 0], [err[-3000:] for _, _, err in out]
     assert "resumed from step 1" in out[0][1]
     assert [r["step"] for r in _metrics(run)] == [1, 2]
