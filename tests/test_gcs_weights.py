@@ -66,3 +66,24 @@ def test_peft_adapter_from_a_bucket(gcs_bucket, tmp_path):
     got, got_cfg = peft_io.load_peft_adapter(remote, TINY)
     assert got_cfg == want_cfg
     jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_tokenizer_from_a_bucket_leaves_the_weights_there(gcs_bucket, tmp_path, monkeypatch):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ais_jax.models.pretrained import load_tokenizer
+
+    t = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1, "there": 2}, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]").save_pretrained(tmp_path / "t")
+    (tmp_path / "t" / "model.safetensors").write_bytes(b"not read")
+    remote = _upload(tmp_path / "t", f"{gcs_bucket}/tok")
+    read = []
+    real = storage.read_bytes
+    monkeypatch.setattr(
+        storage, "read_bytes", lambda p, a=None, b=None: read.append(p) or real(p, a, b)
+    )
+    tok = load_tokenizer(remote)
+    assert tok("hi there")["input_ids"] == [1, 2]
+    assert read and not [p for p in read if p.endswith(".safetensors")]

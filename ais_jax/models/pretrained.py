@@ -26,7 +26,6 @@ import numpy as np
 from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError
 from ais_jax.models import layout, weight_files
-from ais_jax.models.base_digest import WEIGHT_SUFFIXES
 from ais_jax.models.fp8 import QuantArray
 from ais_jax.models.hf_config import (
     hf_config_from_model_config,
@@ -182,6 +181,10 @@ def _load_gguf(path: str, dtype: Any, check_finite: bool,
                      check_finite=check_finite, shardings=shardings), cfg
 
 
+# weight files a bucket tokenizer load leaves in the bucket (base_digest.WEIGHT_SUFFIXES)
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz")
+
+
 def _safetensors_in(path: str) -> list[str]:
     """The ``*.safetensors`` files directly in the directory ``path`` (or bucket prefix)."""
     if not storage.is_remote(path):
@@ -308,7 +311,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     if storage.is_remote(path):  # the small tokenizer files, copied; never the weights
         with storage.local_staging("ais_jax_tokenizer_") as local:
             for rel in storage.files(path):
-                if "/" not in rel and not rel.endswith(WEIGHT_SUFFIXES):
+                if "/" not in rel and not rel.endswith(_WEIGHT_SUFFIXES):
                     with open(os.path.join(local, rel), "wb") as f:
                         f.write(storage.read_bytes(storage.join(path, rel)))
             try:
