@@ -62,6 +62,12 @@ def test_bucket_run_and_resume_equal_the_local_run(
         assert json.loads(storage.read_text(f"{out}/summary.json"))["step"] == 3
         assert "model.safetensors" in storage.files(f"{out}/final")
         assert not storage.exists(f"{out}/run.lock")
+    # the bucket's export reads back: python -m ais_jax.mismatch --model gs://.../final
+    from ais_jax.run import mismatch
+
+    args = ["--num-prompts", "1", "--samples", "2", "--max-new-tokens", "4"]
+    assert mismatch.main(["--model", f"{remote}/final", *args]) == 0
+    assert f"model {remote}/final: 1 prompts x 2 samples" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []  # no local folder named "gs:"
 
 
