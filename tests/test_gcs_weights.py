@@ -8,6 +8,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _models import TINY
 from test_lora import LC, _random_adapters
 
@@ -68,6 +69,7 @@ def test_peft_adapter_from_a_bucket(gcs_bucket, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
+@pytest.mark.slow  # ~8 s: the transformers import
 def test_tokenizer_from_a_bucket_leaves_the_weights_there(gcs_bucket, tmp_path, monkeypatch):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
