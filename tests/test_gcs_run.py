@@ -54,6 +54,8 @@ def test_bucket_run_and_resume_equal_the_local_run(
     assert train.main([f"out_dir={resumed}", *TINY_RUN, *TINY_3_STEPS, "train.steps=2"]) == 0
     assert train.main([f"out_dir={resumed}", *TINY_RUN, *TINY_3_STEPS]) == 0
     assert "resumed from step 2" in capsys.readouterr().out
+    assert train.main([f"out_dir={remote}", *TINY_RUN, *TINY_3_STEPS]) == 0  # done: kept
+    assert "already holds the results of step 3" in capsys.readouterr().out
     want = _metrics(tiny_run[0])  # the same config on a local disk
     assert len(want) == 3
     _assert_same(want, _metrics(remote))

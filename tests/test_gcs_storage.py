@@ -208,3 +208,22 @@ def test_bucket_sources_pass_the_config_checks_other_schemes_do_not(gcs_emulator
     assert cfg.model.source == "gs://bucket/Qwen3-0.6B"  # no local existence check
     with pytest.raises(UsageError, match=r"model.source s3://b/m: the scheme s3:// is not served"):
         load_config(None, ["model.source=s3://b/m"])
+
+
+@pytest.mark.parametrize(
+    "error, says",
+    [
+        (OSError("Forbidden: ais/run/x\nno access"), "permission denied"),
+        (RuntimeError("401 Unauthorized: invalid credentials"), "no usable credentials"),
+        (TimeoutError("timed out"), "does not answer"),
+    ],
+)
+def test_store_failures_are_one_line_with_their_fix(error, says):
+    e = storage.remote_error(error, "gs://b/run/x")
+    assert len(str(e).splitlines()) == 1 and says in str(e)
+    assert str(e).startswith("gs://b/run/x: ")
+    wrapped = RuntimeError("orbax failed")
+    wrapped.__cause__ = error if isinstance(error, OSError) else OSError(str(error))
+    assert storage.remote_failure(wrapped, "gs://b/run") is not None
+    assert storage.remote_failure(ValueError("a bug"), "gs://b/run") is None
+    assert storage.remote_failure(wrapped, "runs/local") is None

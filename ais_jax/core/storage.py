@@ -116,6 +116,20 @@ def remote_error(e: BaseException, path: str) -> StorageError:
     )
 
 
+def remote_failure(e: BaseException, path: str | None) -> StorageError | None:
+    """The `StorageError` of an error the object-store clients raised for the remote ``path``
+    (gcsfs, aiohttp, google-auth, an OSError) wherever it surfaced; None otherwise."""
+    if path is None or not is_remote(path):
+        return None
+    cur: BaseException | None = e
+    while cur is not None:
+        root = type(cur).__module__.split(".")[0]
+        if isinstance(cur, OSError) or root in ("aiohttp", "gcsfs", "google", "fsspec"):
+            return remote_error(cur, path)
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 @contextlib.contextmanager
 def translated(path: str) -> Iterator[None]:
     """Turns an error of the block on ``path`` into one `StorageError` line (remote paths), or
