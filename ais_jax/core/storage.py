@@ -374,11 +374,23 @@ def rewrite_lines(path: str, lines: list[str]) -> None:
     write_bytes(path, data)
 
 
-def flush_appends() -> None:
-    """Upload every remote file with lines appended since its last upload (`append_lines`)."""
-    for path in sorted(_DIRTY):
-        write_bytes(path, bytes(_PENDING[path]))
-        _DIRTY.discard(path)
+def flush_appends(quiet: bool = False, forget: bool = False) -> None:
+    """Upload every remote file with lines appended since its last upload (`append_lines`).
+
+    Args:
+      quiet: drop an upload error (an error already ends the run: that one is reported).
+      forget: then drop the in-memory copies (the end of a run).
+    """
+    try:
+        for path in sorted(_DIRTY):
+            write_bytes(path, bytes(_PENDING[path]))
+            _DIRTY.discard(path)
+    except Exception:
+        if not quiet:
+            raise
+    finally:
+        if forget:
+            forget_appends()
 
 
 def forget_appends() -> None:

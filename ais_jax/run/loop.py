@@ -175,7 +175,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
         finally:
             writer.close()
             if is_main:  # a bucket: the lines logged since the last checkpoint, uploaded
-                _flush_logs(quiet=sys.exc_info()[1] is not None)
+                storage.flush_appends(quiet=sys.exc_info()[1] is not None, forget=True)
         stop.phase = "finish"
         final_step = max(steps, start or 0)
         eval_after = evaluate(job.model_params(job.state.params))
@@ -379,18 +379,6 @@ def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,
     if hasattr(bar, "set_postfix"):
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", alpha=f"{record['alpha']:.2f}",
                         d=f"{record['d_bar']:.3f}")
-
-
-def _flush_logs(quiet: bool) -> None:
-    """Upload the bucket's appended logs (`ais_jax.core.storage.flush_appends`) and drop their
-    in-memory copies; ``quiet``: an error is already ending the run, report that one."""
-    try:
-        storage.flush_appends()
-    except Exception:
-        if not quiet:
-            raise
-    finally:
-        storage.forget_appends()
 
 
 def _progress_fn(desc: str, enabled: bool, **kw: Any) -> Any:
