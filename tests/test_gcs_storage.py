@@ -227,3 +227,15 @@ def test_store_failures_are_one_line_with_their_fix(error, says):
     assert storage.remote_failure(wrapped, "gs://b/run") is not None
     assert storage.remote_failure(ValueError("a bug"), "gs://b/run") is None
     assert storage.remote_failure(wrapped, "runs/local") is None
+
+
+def test_profile_trace_of_a_bucket_run_stays_local():
+    import dataclasses
+
+    from ais_jax.run import runtime
+
+    cfg = load_config(None, ["out_dir=gs://bucket/runs/r1"])
+    assert runtime.with_profile_flag(cfg).runtime.profile_dir == os.path.join("profile", "r1")
+    rt = dataclasses.replace(cfg.runtime, profile_dir="gs://bucket/prof")
+    with pytest.raises(UsageError, match="profiler writes local files"):
+        runtime.check_profile_dir(rt)
