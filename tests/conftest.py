@@ -148,3 +148,33 @@ def tiny_run(tmp_path_factory):
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *TINY_RUN, *TINY_3_STEPS])
     return out, cli.run(cfg)
 
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """The in-memory GCS emulator (tests/_gcs.py), one per test process: its URL; the
+    variables gcsfs and TensorStore read point at it until the session ends."""
+    pytest.importorskip("gcp_storage_emulator")
+    pytest.importorskip("gcsfs")
+    from _gcs import ENV, start_emulator
+
+    saved = {k: os.environ.get(k) for k in ENV}
+    proc, url = start_emulator()
+    yield url
+    proc.kill()
+    proc.wait()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator):
+    """A new empty bucket in the emulator: ``gs://<name>``."""
+    import uuid
+
+    from _gcs import make_bucket
+
+    return make_bucket(gcs_emulator, f"ais-{uuid.uuid4().hex[:12]}")

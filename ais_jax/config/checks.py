@@ -8,11 +8,11 @@ User values in messages are clipped (`ais_jax.core.safe_yaml.clip`).
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING
 
 from ais_jax.config.bounds import check_numeric_bounds
 from ais_jax.config.schema import CHOICES, SKIP_PATH_CHECK_ENV, SPECIAL_SOURCES
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError
 from ais_jax.core.safe_yaml import PATH_CHARS, clip
 
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
         TaskSection,
         TrainSection,
     )
-
-
-# A path with a scheme (gs://, s3://, hdfs://, ...): written locally it would be a folder "gs:".
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -94,16 +90,17 @@ def _validate_choices(cfg: Config) -> None:
         )
     _require(bool(cfg.out_dir), "out_dir is empty; set it to a run directory, e.g. runs/my_run")
     _require("\x00" not in cfg.out_dir, "out_dir contains a NUL byte; set it to a directory path")
-    _require(not _URL.match(cfg.out_dir),
-             f"out_dir {clip(cfg.out_dir)} is a URL; only local or mounted paths are supported "
-             "(checkpoints and results are written with local file calls): mount the bucket "
-             "(e.g. gcsfuse, NFS) and give its local path")
-    _check_path("out_dir", cfg.out_dir)
+    if storage.is_remote(cfg.out_dir):
+        storage.check_served(cfg.out_dir)  # a bucket: orbax and fsspec write it directly
+    else:
+        _check_path("out_dir", cfg.out_dir)
     _require(0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32), got {clip(cfg.seed)}")
 
 
 def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
-    if m.source not in SPECIAL_SOURCES:
+    if storage.is_remote(m.source):  # a bucket: read in ranges (models/weight_files.py)
+        storage.check_served(m.source, "model.source")
+    elif m.source not in SPECIAL_SOURCES:
         _check_path("model.source", m.source)
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
     _at_least("model", m, (*sizes, "intermediate_size"), 1)
@@ -345,7 +342,9 @@ def check_lora(cfg: Config) -> None:
     _require(not isinstance(lo.dropout, bool) and 0 <= lo.dropout < 1,
              f"lora.dropout must be in [0, 1) (dropout on the LoRA branch's input in the "
              f"update's loss forward; 0 = off), got {clip(lo.dropout)}")
-    if cfg.model.adapter and os.environ.get(SKIP_PATH_CHECK_ENV) != "1":
+    if storage.is_remote(cfg.model.adapter):
+        storage.check_served(cfg.model.adapter, "model.adapter")
+    elif cfg.model.adapter and os.environ.get(SKIP_PATH_CHECK_ENV) != "1":
         _require(os.path.isdir(cfg.model.adapter), f"model.adapter {clip(cfg.model.adapter)} "
                  "is not a directory; point it at a PEFT adapter directory or set it to ''")
 

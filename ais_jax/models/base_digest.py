@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz")
@@ -27,6 +28,9 @@ ALLOW_KEY = "model.allow_base_change"
 
 
 def _weight_files(path: str) -> list[str]:
+    if storage.is_remote(path):  # a bucket prefix: its weight objects (ranged reads below)
+        return [storage.join(path, f) for f in storage.files(path)
+                if "/" not in f and f.endswith(WEIGHT_SUFFIXES)]
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
@@ -37,8 +41,14 @@ def _weight_files(path: str) -> list[str]:
 
 def file_digest(path: str) -> str:
     """SHA-256 hex of ``path``'s name, size and three fixed `SLICE`-byte slices."""
-    size = os.path.getsize(path)
-    h = hashlib.sha256(f"{os.path.basename(path)}\0{size}\0".encode())
+    size = storage.size(path)
+    h = hashlib.sha256(f"{path.rstrip('/').rsplit('/', 1)[-1]}\0{size}\0".encode())
+    if storage.is_remote(path):  # the same bytes as a local copy's: the same digest
+        spans = [(0, size)] if size <= 3 * SLICE else [
+            (o, o + SLICE) for o in (0, size // 2 - SLICE // 2, size - SLICE)]
+        for a, b in spans:
+            h.update(storage.read_bytes(path, a, b))
+        return h.hexdigest()
     with open(path, "rb") as f:
         if size <= 3 * SLICE:
             h.update(f.read())
@@ -98,8 +108,8 @@ def write_adapter_base(adapter_dir: str, digest: str | None) -> None:
 def read_adapter_base(adapter_dir: str) -> str | None:
     """The base digest recorded beside a PEFT adapter, or None (none recorded, unreadable)."""
     try:
-        with open(os.path.join(adapter_dir, DIGEST_FILE)) as f:
-            value = json.load(f).get("base_digest")
+        value = json.loads(storage.read_text(storage.join(adapter_dir, DIGEST_FILE))).get(
+            "base_digest")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None

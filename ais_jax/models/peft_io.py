@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 
+from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError, UsageError
 from ais_jax.models import layout, weight_files
 from ais_jax.models.lora import TARGETS, LoraConfig, validate_lora
@@ -239,9 +240,9 @@ def load_peft_adapter(path: str | os.PathLike, model_cfg: Any, dtype: Any = jnp.
     """
     _check_model_cfg(model_cfg)
     path = os.fspath(path)
-    cfg_path, w_path = os.path.join(path, CONFIG_FILE), os.path.join(path, WEIGHTS_FILE)
-    for f in (cfg_path, w_path):
-        if not os.path.isfile(f):
+    cfg_path, w_path = storage.join(path, CONFIG_FILE), storage.join(path, WEIGHTS_FILE)
+    for f in (cfg_path, w_path):  # a bucket too: read in ranges (weight_files)
+        if not weight_files.isfile(f):
             raise CheckpointError(f"{f} not found; a PEFT adapter directory needs "
                                   f"{CONFIG_FILE} and {WEIGHTS_FILE}")
     cfg = _check_options(weight_files.read_json(cfg_path), cfg_path)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 
+from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError
 from ais_jax.models import layout, weight_files
 from ais_jax.models.fp8 import QuantArray
@@ -104,17 +105,17 @@ def _assemble(
 
 def _load_hf_dir(path: str, dtype: Any, check_finite: bool,
                  shardings: Shardings = None) -> tuple[dict, ModelConfig]:
-    cfg = model_config_from_hf(read_json(os.path.join(path, "config.json")))
-    gen_path = os.path.join(path, "generation_config.json")
-    if os.path.isfile(gen_path):  # e.g. Llama-3 instruct lists extra EOS ids only here
+    cfg = model_config_from_hf(read_json(storage.join(path, "config.json")))
+    gen_path = storage.join(path, "generation_config.json")
+    if weight_files.isfile(gen_path):  # e.g. Llama-3 instruct lists extra EOS ids only here
         cfg = merge_generation_eos(cfg, read_json(gen_path), gen_path)
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    index = storage.join(path, "model.safetensors.index.json")
+    if weight_files.isfile(index):
         data = read_json(index)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         files = shard_files(path, index, weight_map)
     else:
-        found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        found = _safetensors_in(path)
         if len(found) != 1:
             raise CheckpointError(f"{path} holds {len(found)} *.safetensors files and no "
                                   "model.safetensors.index.json; provide model.safetensors "
@@ -180,6 +181,18 @@ def _load_gguf(path: str, dtype: Any, check_finite: bool,
                      check_finite=check_finite, shardings=shardings), cfg
 
 
+# weight files a bucket tokenizer load leaves in the bucket (base_digest.WEIGHT_SUFFIXES)
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz")
+
+
+def _safetensors_in(path: str) -> list[str]:
+    """The ``*.safetensors`` files directly in the directory ``path`` (or bucket prefix)."""
+    if not storage.is_remote(path):
+        return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    return [storage.join(path, f) for f in storage.files(path)
+            if "/" not in f and f.endswith(".safetensors")]
+
+
 def load_pretrained(
     path: str | os.PathLike, dtype: Any = jnp.bfloat16, *, check_finite: bool = True,
     shardings: Shardings = None,
@@ -211,6 +224,11 @@ def load_pretrained(
         weights, or an index naming shards outside the directory.
     """
     path = os.fspath(path)
+    if storage.is_remote(path):  # an HF directory in a bucket, read in ranges
+        if not weight_files.isfile(storage.join(path, "config.json")):
+            raise CheckpointError(f"{path} holds no config.json; point model.source at an HF "
+                                  "checkpoint directory in the bucket (GGUF files: copy locally)")
+        return _load_hf_dir(path, dtype, check_finite, shardings)
     if os.path.isdir(path):
         ggufs = glob.glob(os.path.join(path, "*.gguf"))
         if not os.path.exists(os.path.join(path, "config.json")) and len(ggufs) == 1:
@@ -290,6 +308,16 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     from transformers import AutoTokenizer
 
     path = os.fspath(path)
+    if storage.is_remote(path):  # the small tokenizer files, copied; never the weights
+        with storage.local_staging("ais_jax_tokenizer_") as local:
+            for rel in storage.files(path):
+                if "/" not in rel and not rel.endswith(_WEIGHT_SUFFIXES):
+                    with open(os.path.join(local, rel), "wb") as f:
+                        f.write(storage.read_bytes(storage.join(path, rel)))
+            try:
+                return load_tokenizer(local)
+            except CheckpointError as e:
+                raise CheckpointError(str(e).replace(local, path)) from None
     kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if os.path.isfile(path) and path.endswith(".gguf"):
         src, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(path)), os.path.basename(path)

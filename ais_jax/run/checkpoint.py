@@ -33,6 +33,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError, storage_error
 from ais_jax.run import integrity
 from ais_jax.run.stderr_hold import stderr_held
@@ -58,8 +59,11 @@ def open_manager(out_dir: str | os.PathLike, keep: int) -> ocp.CheckpointManager
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise CheckpointError(f"keep must be an int >= 1, got {keep!r}")
-    directory = os.path.abspath(os.path.join(os.fspath(out_dir), SUBDIR))
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    directory = storage.join(os.fspath(out_dir), SUBDIR)  # a bucket: orbax writes it directly
+    if not storage.is_remote(directory):
+        directory = os.path.abspath(directory)
+    if not storage.is_remote(directory) and os.path.exists(directory) and \
+            not os.path.isdir(directory):
         raise CheckpointError(
             f"checkpoint path {directory} is not a directory; use a new out_dir or move it away"
         )
@@ -71,6 +75,8 @@ def open_manager(out_dir: str | os.PathLike, keep: int) -> ocp.CheckpointManager
     try:
         manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
     except OSError as e:
+        if storage.is_remote(directory):
+            raise storage.remote_error(e, directory) from None
         raise (storage_error(e, directory) or CheckpointError(
             f"cannot open checkpoint directory {directory}: {e}; use a writable out_dir")
                ) from None
@@ -102,11 +108,12 @@ def _keys_to_data(tree: Any) -> Any:
 
 
 def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
-    return os.path.join(os.fspath(manager.directory), str(step))
+    return storage.join(os.fspath(manager.directory), str(step))
 
 
 def all_steps(manager: ocp.CheckpointManager) -> list[int]:
     """Finalized checkpoint steps, ascending (temporary, unfinished saves are not listed)."""
+    storage.refresh(os.fspath(manager.directory))
     manager.reload()
     return sorted(manager.all_steps())
 
@@ -182,6 +189,8 @@ def save(
                 integrity.write_checksums(_step_dir(manager, step))
         except Exception as e:  # orbax / tensorstore wrap the OSError in their own types
             se = storage_error(e, _step_dir(manager, step))
+            if se is None and storage.is_remote(_step_dir(manager, step)):
+                se = storage.remote_error(e, _step_dir(manager, step))
             if se is None:
                 # a peer died mid-save: orbax's threads log it at length; the CLI says it once
                 held.drop = multihost.peer_lost(e)
@@ -325,8 +334,7 @@ def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     if step not in steps:
         raise CheckpointError(f"no checkpoint {step_dir}; available steps: {steps or 'none'}")
     try:
-        with open(os.path.join(step_dir, METADATA, METADATA), encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(storage.read_text(storage.join(step_dir, METADATA, METADATA)))
     except Exception as e:  # missing, unreadable or not JSON
         raise CheckpointError(f"cannot read the metadata of checkpoint {step_dir} "
                               f"({_first_line(e)}); use a new out_dir or delete it") from e

@@ -22,6 +22,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from ais_jax.core import storage
 from ais_jax.core.errors import StorageError, UsageError, storage_error
 from ais_jax.run.loop import RunResult, run
 from ais_jax.run.multihost import PeerFailed, peer_lost, release_dead_main_lock
@@ -127,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         # A full disk, a quota, permissions or a bad path, wherever it was raised (orbax,
         # safetensors, trackers): the user's to fix; written checkpoints are intact.
-        se = storage_error(e, cfg.out_dir if "cfg" in locals() else None)
+        out_dir = cfg.out_dir if "cfg" in locals() else None
+        se = storage_error(e, out_dir) or storage.remote_failure(e, out_dir)  # gs:// too
         if se is None:
             _exit_multi_process(e)
             raise

@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+from ais_jax.core import storage
 from ais_jax.run import results
 
 
@@ -58,10 +59,10 @@ def finish(cfg: Any, r: Any, params: Any, eval_before: Any, eval_after: Any,
     final = results.export_final(cfg.out_dir, save)
     summary = {"step": step, "eval_before": eval_before, "eval_after": eval_after,
                "compiles": compiles, "steps": cfg.train.steps}
-    with contextlib.suppress(OSError, ValueError), open(
-            os.path.join(cfg.out_dir, "warm_start.json")) as f:
-        summary["warm_start"] = json.load(f)  # written by _before_grpo, kept across resumes
-    results.write_json_atomic(os.path.join(cfg.out_dir, results.SUMMARY), summary)
+    with contextlib.suppress(OSError, ValueError):  # written by _before_grpo, kept on resume
+        summary["warm_start"] = json.loads(storage.read_text(
+            storage.join(cfg.out_dir, "warm_start.json")))
+    results.write_json_atomic(storage.join(cfg.out_dir, results.SUMMARY), summary)
     print(f"held-out accuracy after GRPO: {fmt_eval(eval_after)} (before: "
           f"{fmt_eval(eval_before)}); policy exported to {final}", flush=True)
 

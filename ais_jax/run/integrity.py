@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError
 from ais_jax.run import multihost
 
@@ -40,6 +41,11 @@ _ADVICE = "; use a new out_dir or delete it"  # runguard drops it when it falls 
 
 def _crc32(path: str) -> str:
     crc = 0
+    if storage.is_remote(path):  # ranged reads: never the whole object in memory at once
+        total = storage.size(path)
+        for start in range(0, total, _CHUNK):
+            crc = zlib.crc32(storage.read_bytes(path, start, min(start + _CHUNK, total)), crc)
+        return f"{crc:08x}"
     with open(path, "rb") as f:
         while block := f.read(_CHUNK):
             crc = zlib.crc32(block, crc)
@@ -47,27 +53,26 @@ def _crc32(path: str) -> str:
 
 
 def _files(step_dir: str) -> list[str]:
-    out = []
-    for d, _, files in os.walk(step_dir):
-        for name in files:
-            rel = os.path.relpath(os.path.join(d, name), step_dir)
-            if rel != CHECKSUMS:
-                out.append(rel)
-    return sorted(out)
+    return [rel for rel in storage.files(step_dir) if rel != CHECKSUMS]
 
 
 def _step_name(step_dir: str) -> str:
-    return os.path.basename(os.path.normpath(step_dir))
+    return os.path.basename(os.path.normpath(step_dir)) if not storage.is_remote(step_dir) \
+        else step_dir.rstrip("/").rsplit("/", 1)[-1]
 
 
 def write_checksums(step_dir: str) -> None:
     """Write the CRC-32 of every file under the finalized ``step_dir`` into it (atomically),
     with the step it belongs to (its directory name)."""
-    sums = {rel: _crc32(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
-    tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
+    sums = {rel: _crc32(storage.join(step_dir, rel)) for rel in _files(step_dir)}
     data: dict[str, Any] = {"algorithm": "crc32", "files": sums}
     if _step_name(step_dir).isdigit():
         data["step"] = int(_step_name(step_dir))
+    if storage.is_remote(step_dir):  # one object: present whole or not at all
+        storage.write_text(storage.join(step_dir, CHECKSUMS), json.dumps(data, indent=0,
+                                                                          sort_keys=True))
+        return
+    tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=0, sort_keys=True)
         f.flush()
@@ -86,7 +91,7 @@ def check_verifiable(step_dir: str, allow_unverified: bool) -> None:
       CheckpointError: no checksum file and not ``allow_unverified``
         (``checkpoint.allow_unverified``).
     """
-    if allow_unverified or os.path.exists(os.path.join(step_dir, CHECKSUMS)):
+    if allow_unverified or storage.exists(storage.join(step_dir, CHECKSUMS)):
         return
     raise CheckpointError(f"checkpoint {step_dir} has no {CHECKSUMS} (a save cut short, or a "
                           "copy without it), so its files cannot be verified; set "
@@ -101,13 +106,12 @@ def verify_checksums(step_dir: str) -> None:
       CheckpointError: a file is missing or its bytes changed, or the checksums name another
         step (a copied step directory); the message names it.
     """
-    path = os.path.join(step_dir, CHECKSUMS)
-    if not os.path.exists(path):
-        return
+    path = storage.join(step_dir, CHECKSUMS)
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(storage.read_text(path))
         sums, named = data["files"], data.get("step")
+    except FileNotFoundError:
+        return
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
             f"checkpoint {step_dir}: unreadable {CHECKSUMS} ({e}){_ADVICE}") from None
@@ -116,8 +120,8 @@ def verify_checksums(step_dir: str) -> None:
                               f"step directory); its state is not step {_step_name(step_dir)}'s"
                               f"{_ADVICE}")
     for rel, want in sorted(sums.items()):
-        full = os.path.join(step_dir, rel)
-        if not os.path.exists(full):
+        full = storage.join(step_dir, rel)
+        if not storage.exists(full):
             raise CheckpointError(f"checkpoint {step_dir} is damaged: {rel} is missing{_ADVICE}")
         if _crc32(full) != want:
             raise CheckpointError(f"checkpoint {step_dir} is damaged: the bytes of {rel} differ "
@@ -153,6 +157,7 @@ def prune(manager: Any, keep: int, protect: int | None = None) -> list[int]:
     before anything is deleted: a process still listing the directory while process 0 deletes
     a step failed on the vanished step (``FileNotFoundError``, seen once in CI).
     """
+    storage.refresh(os.fspath(manager.directory))
     manager.reload()
     steps = sorted(manager.all_steps())
     newest = set(steps[-keep:])

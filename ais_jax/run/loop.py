@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from ais_jax.core import storage
 from ais_jax.run import agree, final, multihost, results, runguard
 from ais_jax.run.signals import Interrupted, StopFlag
 
@@ -130,6 +130,8 @@ class _Job:
         from ais_jax.run import checkpoint as ckpt
 
         with self.stop.saving():  # a second signal waits for the save and its checksums
+            if self.is_main:  # a bucket: metrics and completions up to this step, uploaded
+                storage.flush_appends()
             meta = {"eval_before": self.eval_before, "prompt_bucket": self.r.prompt_bucket,
                     "config": self.config}
             if self.stale is not None:
@@ -153,7 +155,7 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
     out_dir, steps = cfg.out_dir, cfg.train.steps
     manager = ckpt.open_manager(out_dir, keep=cfg.checkpoint.keep)
     with ckpt.closed_on_error(manager):  # no orbax thread left running after an error
-        metrics_path = os.path.join(out_dir, results.METRICS)
+        metrics_path = storage.join(out_dir, results.METRICS)
         last, done, eval_before = multihost.decide(
             lambda: runguard.resume_plan(ckpt, manager, cfg, overwrite))
         if done:
@@ -176,6 +178,8 @@ def _run_locked(cfg: Any, is_main: bool, reward_fns: Any, dataset: Any, overwrit
             _grpo_loop(job, start or 0, evaluate, history, metrics_path, writer)
         finally:
             writer.close()
+            if is_main:  # a bucket: the lines logged since the last checkpoint, uploaded
+                storage.flush_appends(quiet=sys.exc_info()[1] is not None, forget=True)
         stop.phase = "finish"
         final_step = max(steps, start or 0)
         eval_after = evaluate(job.model_params(job.state.params))
@@ -368,8 +372,8 @@ def _report_warm_start(cfg: Any, log: Any) -> None:
     else:
         print(f"warm start: {log.steps_run} steps (no criterion: sft.target_accuracy=0)",
               flush=True)
-    with open(os.path.join(cfg.out_dir, "warm_start.json"), "w") as f:
-        json.dump(log.as_dict(), f, indent=1)
+    storage.write_text(storage.join(cfg.out_dir, "warm_start.json"),
+                       json.dumps(log.as_dict(), indent=1))
 
 
 def _log(record: dict[str, Any], metrics_path: str, writer: Any, bar: Any,

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from typing import Any
@@ -139,11 +138,12 @@ def load_model(path: str, dtype: Any, seed: int):
             params), cfg, tok
     if path.startswith("random:"):
         raise UsageError(f"unknown random model {path!r}; the only one is {RANDOM_TINY!r}")
-    from ais_jax.models import pretrained
+    from ais_jax.core import storage
+    from ais_jax.models import pretrained, weight_files
 
     try:
         params, cfg = pretrained.load_pretrained(path, dtype)
-        if os.path.isfile(os.path.join(path, "char_tokenizer.json")):
+        if weight_files.isfile(storage.join(path, "char_tokenizer.json")):  # gs:// too
             from ais_jax.tasks import CharTokenizer
 
             tok = CharTokenizer.load(path)  # a policy exported by a scratch run of the CLI

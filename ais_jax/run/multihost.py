@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError
 
 T = TypeVar("T")
@@ -183,15 +183,12 @@ def check_shared_dir(out_dir: str) -> None:
     if _count() == 1:
         return
     token, main_dir = broadcast_json([secrets.token_hex(16), out_dir] if is_main() else None)
-    path = os.path.join(out_dir, MARKER_PREFIX + token)
+    path = storage.join(out_dir, MARKER_PREFIX + token)  # a bucket too (one object)
     written = True
     if is_main():
         try:
-            with open(path, "w") as f:
-                f.write(token)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError:
+            storage.write_text(path, token)
+        except (OSError, UsageError):
             written = False
     if not all_flags(written)[0]:  # the barrier: the marker exists (or never will)
         raise UsageError(f"cannot write into out_dir {main_dir} on process 0; use a writable "
@@ -199,17 +196,16 @@ def check_shared_dir(out_dir: str) -> None:
     seen, deadline = False, time.monotonic() + SHARED_WAIT_S
     while True:
         try:
-            with open(path) as f:
-                seen = f.read() == token
-        except OSError:
+            seen = storage.read_text(path) == token
+        except (OSError, UsageError):
             seen = False
         if seen or is_main() or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     flags = all_flags(seen)
     if is_main():
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        with contextlib.suppress(OSError, UsageError):
+            storage.remove(path)
     blind = [i for i, ok in enumerate(flags) if not ok]
     if blind:
         raise UsageError(

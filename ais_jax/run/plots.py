@@ -18,6 +18,7 @@ on stderr naming the file and line.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -27,6 +28,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from ais_jax.core import storage
+from ais_jax.core.errors import UsageError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -81,11 +85,12 @@ def read_metrics(path: str | os.PathLike) -> Series:
         a line without a numeric ``step``, or no metric lines at all.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    text = _remote_text(path) if storage.is_remote(path) else None
+    if text is None and not os.path.isfile(path):
         raise PlotError(f"{path} not found; pass a run directory that holds {METRICS_FILE}")
     rows: dict[int, dict[str, float]] = {}
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") if text is None else io.StringIO(text) as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -130,8 +135,24 @@ def read_metrics(path: str | os.PathLike) -> Series:
     return series
 
 
+def _remote_text(path: str) -> str:
+    """The text of ``metrics.jsonl`` in a bucket (a run directory ``gs://...``)."""
+    try:
+        return storage.read_bytes(path).decode("utf-8")
+    except FileNotFoundError:
+        raise PlotError(
+            f"{path} not found; pass a run directory that holds {METRICS_FILE}"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise PlotError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except UsageError as e:  # the store's one line (no bucket, no credentials, no gcsfs)
+        raise PlotError(str(e)) from None
+
+
 def _metrics_path(run_dir: str | os.PathLike) -> str:
     run_dir = os.fspath(run_dir)
+    if storage.is_remote(run_dir):
+        return storage.join(run_dir, METRICS_FILE)
     if not os.path.isdir(run_dir):
         raise PlotError(f"run directory {run_dir} not found; pass the out_dir of a training run")
     return os.path.join(run_dir, METRICS_FILE)
@@ -184,7 +205,8 @@ def plot_run(
 
     Args:
       run_dir: the run's ``out_dir`` (holds ``metrics.jsonl``).
-      out_dir: where the PNGs go; default ``run_dir/plots``.
+      out_dir: where the PNGs go; default ``run_dir/plots`` (a bucket run:
+        ``./plots/<run name>``).
       smooth: trailing moving-average window in logged points (1 = raw
         values); ``eval_*`` metrics are never smoothed.
 
@@ -196,7 +218,7 @@ def plot_run(
     """
     _check_smooth(smooth)
     series = read_metrics(_metrics_path(run_dir))
-    out = os.fspath(out_dir) if out_dir is not None else os.path.join(os.fspath(run_dir), "plots")
+    out = os.fspath(out_dir) if out_dir is not None else _default_out(os.fspath(run_dir))
     os.makedirs(out, exist_ok=True)
     written = []
     for name, (title, ylabel, keys) in PANELS.items():
@@ -206,6 +228,13 @@ def plot_run(
             _draw(path, title, ylabel, lines, smooth)
             written.append(path)
     return written
+
+
+def _default_out(run_dir: str) -> str:
+    """``run_dir/plots``; for a bucket run ``./plots/<run name>`` (PNGs are local files)."""
+    if storage.is_remote(run_dir):
+        return os.path.join("plots", run_dir.rstrip("/").rsplit("/", 1)[-1])
+    return os.path.join(run_dir, "plots")
 
 
 def plot_runs(

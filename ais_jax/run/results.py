@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError, storage_error
 from ais_jax.core.safe_yaml import PATH_CHARS, clip
 
@@ -46,11 +48,16 @@ def json_safe(value: Any) -> Any:
 
 
 def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file, fsync and rename."""
+    """Write ``data`` as JSON to ``path`` atomically: a temporary file, fsync and rename on
+    disk; one whole object in a bucket (`ais_jax.core.storage`)."""
+    text = json.dumps(json_safe(data), indent=1, allow_nan=False)
+    if storage.is_remote(path):
+        storage.write_text(path, text)
+        return
     tmp = path + ".tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(json_safe(data), f, indent=1, allow_nan=False)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -66,6 +73,9 @@ def make_out_dir(out_dir: str) -> None:
       UsageError: any other path error (a dangling link, a path the OS cannot create,
         e.g. under ``/proc``): one line naming the path and the fix.
     """
+    if storage.is_remote(out_dir):  # a bucket: no directories; the bucket must exist
+        storage.makedirs(out_dir)
+        return
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -79,8 +89,7 @@ def make_out_dir(out_dir: str) -> None:
 def read_summary(out_dir: str) -> dict[str, Any] | None:
     """``summary.json`` of ``out_dir``, or None when it is missing or unreadable."""
     try:
-        with open(os.path.join(out_dir, SUMMARY)) as f:
-            data = json.load(f)
+        data = json.loads(storage.read_text(storage.join(out_dir, SUMMARY)))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -93,7 +102,7 @@ def finished(out_dir: str, step: int) -> bool:
     their ``"steps"``, the configured length, which may be stale) and ``final/`` exists.
     """
     s = read_summary(out_dir)
-    if s is None or not os.path.isdir(os.path.join(out_dir, FINAL)):
+    if s is None or not storage.isdir(storage.join(out_dir, FINAL)):
         return False
     done = s.get("step", s.get("steps"))
     return isinstance(done, int) and not isinstance(done, bool) and done >= step
@@ -110,10 +119,10 @@ def check_fresh_out_dir(out_dir: str, overwrite: bool) -> None:
       UsageError: ``out_dir`` holds ``summary.json``, ``final/`` or a non-empty
         ``metrics.jsonl``; the message lists them.
     """
-    found = [n for n in (SUMMARY, FINAL) if os.path.exists(os.path.join(out_dir, n))]
-    metrics = os.path.join(out_dir, METRICS)
-    if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
-        found.append(METRICS)
+    found = [n for n in (SUMMARY, FINAL) if storage.exists(storage.join(out_dir, n))]
+    with contextlib.suppress(OSError):
+        if storage.read_bytes(storage.join(out_dir, METRICS), 0, 1):
+            found.append(METRICS)
     if found and not overwrite:
         raise UsageError(
             f"{out_dir} holds the results of an earlier run ({', '.join(found)}) but no "
@@ -129,6 +138,8 @@ def export_final(out_dir: str, save: Callable[[str], None]) -> str:
     Raises:
       StorageError: the disk refused a write (full, quota, permissions).
     """
+    if storage.is_remote(out_dir):
+        return _export_remote(out_dir, save)
     final = os.path.join(out_dir, FINAL)
     tmp, old = final + ".tmp", final + ".old"
     for leftover in (tmp, old):
@@ -144,4 +155,25 @@ def export_final(out_dir: str, save: Callable[[str], None]) -> str:
             raise
         raise se from None
     shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _export_remote(out_dir: str, save: Callable[[str], None]) -> str:
+    """`export_final` into a bucket (no rename there): ``save`` writes a local staging
+    directory; ``summary.json`` is deleted first (a summary names a complete ``final/`` only),
+    then the old ``final/`` objects, then the new files are uploaded; the caller writes the
+    summary last."""
+    final = storage.join(out_dir, FINAL)
+    with storage.local_staging() as staging:
+        local = os.path.join(staging, FINAL)
+        try:
+            save(local)
+        except Exception as e:
+            se = storage_error(e, local)
+            if se is None:
+                raise
+            raise se from None
+        storage.remove(storage.join(out_dir, SUMMARY))
+        storage.rmtree(final)
+        storage.upload_dir(local, final)
     return final

@@ -33,6 +33,7 @@ import socket
 import sys
 from typing import Any
 
+from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError, UsageError
 from ais_jax.run.results import json_safe
 
@@ -81,7 +82,8 @@ class RunLock:
         """Args:
         out_dir: the (existing) run directory.
         """
-        self.path = os.path.join(out_dir, LOCK_NAME)
+        self.path = storage.join(out_dir, LOCK_NAME)
+        self.remote = storage.is_remote(out_dir)
         self.info = {"pid": os.getpid(), "host": socket.gethostname(),
                      "since": datetime.datetime.now().isoformat(timespec="seconds"),
                      "start": _proc_start(os.getpid())}
@@ -89,14 +91,19 @@ class RunLock:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            with open(self.path) as f:
-                return json.load(f)
+            return json.loads(storage.read_text(self.path))
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
             return {}
 
     def _publish(self) -> bool:
+        if self.remote:  # create-if-absent (ifGenerationMatch=0), then read back: a store
+            # that ignores the precondition (an emulator) still lets only the last writer in
+            if storage.exists(self.path) or not storage.write_text(
+                    self.path, json.dumps(self.info), create_only=True):
+                return False
+            return self._read() == self.info
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(self.info, f)
@@ -128,9 +135,14 @@ class RunLock:
             pid = holder.get("pid")
             if not (same_host and isinstance(pid, int) and not _alive(pid, holder.get("start"))):
                 raise UsageError(
-                    f"{os.path.dirname(self.path)} is in use by run {who} since "
+                    f"{self.path.rsplit('/', 1)[0]} is in use by run {who} since "
                     f"{holder.get('since', '?')} (lock {self.path}); wait for it, use another "
                     "out_dir, or delete the lock file if that run is gone")
+            if self.remote:  # no rename: delete the stale lock, then race to create it again
+                storage.remove(self.path)
+                warn(f"took over the stale lock of run {who} (since {holder.get('since', '?')}; "
+                     "that process is gone)")
+                continue
             stale = f"{self.path}.stale.{os.getpid()}"
             try:
                 os.rename(self.path, stale)
@@ -151,8 +163,7 @@ class RunLock:
     def release(self) -> None:
         """Remove the lock file if this process holds it."""
         if self.held and (self._read() or {}).get("pid") == self.info["pid"]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            storage.remove(self.path)
         self.held = False
 
     def __enter__(self) -> RunLock:
@@ -306,7 +317,7 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
         error = None
         try:
             meta = ckpt.read_metadata(manager, step)
-            integrity.check_verifiable(os.path.join(os.fspath(manager.directory), str(step)),
+            integrity.check_verifiable(storage.join(os.fspath(manager.directory), str(step)),
                                        allow_unverified)
             state = ckpt.restore(manager, step, target(meta) if callable(target) else target)
         except CheckpointError as e:
@@ -320,12 +331,12 @@ def restore_latest(ckpt: Any, manager: Any, out_dir: str, target: Any, is_main: 
             continue
         bad = [s for s in steps if s > step]
         if bad:
-            dest = os.path.join(out_dir, UNRESTORABLE_DIR)
+            dest = storage.join(out_dir, UNRESTORABLE_DIR)
             if is_main:
-                os.makedirs(dest, exist_ok=True)
+                storage.makedirs(dest)
                 for s in bad:
-                    os.rename(os.path.join(os.fspath(manager.directory), str(s)),
-                              os.path.join(dest, str(s)))
+                    storage.move(storage.join(os.fspath(manager.directory), str(s)),
+                                 storage.join(dest, str(s)))
             multihost.all_flags(True)  # a barrier: the steps are moved before any reload
             manager.reload()
             warn(f"checkpoint {'; '.join(failed)}; resuming from step {step} instead "
@@ -346,15 +357,14 @@ def _reason(e: Exception) -> str:
 
 
 def append_record(path: str, record: dict[str, Any]) -> None:
-    """Append one JSON line and make it durable (flush + fsync) before returning.
+    """Append one JSON line and make it durable (flush + fsync) before returning; in a
+    bucket the line is uploaded with the whole object at the next checkpoint or the run's end
+    (`ais_jax.core.storage.append_lines`).
 
     Non-finite floats are written as ``null`` (`ais_jax.run.results.json_safe`), so every
     line is valid JSON.
     """
-    with open(path, "a") as f:
-        f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    storage.append_lines(path, [json.dumps(json_safe(record), allow_nan=False) + "\n"])
 
 
 def truncate_metrics(path: str, upto: int, rewrite: bool = True) -> list[dict[str, Any]]:
@@ -370,24 +380,17 @@ def truncate_metrics(path: str, upto: int, rewrite: bool = True) -> list[dict[st
       The kept records, in order.
     """
     kept: list[dict[str, Any]] = []
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break  # a torn last line
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int) \
-                        and rec["step"] <= upto and (not kept or rec["step"] > kept[-1]["step"]):
-                    kept.append(rec)
-    if not rewrite:
-        return kept
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(rec) + "\n" for rec in kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with contextlib.suppress(FileNotFoundError):
+        for raw in storage.read_bytes(path).splitlines(keepends=True):
+            if not raw.endswith(b"\n"):
+                break  # a torn last line
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) \
+                    and rec["step"] <= upto and (not kept or rec["step"] > kept[-1]["step"]):
+                kept.append(rec)
+    if rewrite:
+        storage.rewrite_lines(path, [json.dumps(rec) + "\n" for rec in kept])
     return kept

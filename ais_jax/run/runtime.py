@@ -36,6 +36,7 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 from ais_jax.config.schema import DEFAULT_COMPILE_CACHE, Config, RuntimeSection
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError
 from ais_jax.core.safe_yaml import clip, cut
 
@@ -73,6 +74,8 @@ def resolve_compile_cache(
         source = "default"
         if environ.get(CACHE_ENV, "").strip():
             value, source = environ[CACHE_ENV].strip(), CACHE_ENV
+    if storage.is_remote(value):  # JAX's cache writes a bucket itself (etils.epath)
+        return value, source
     return os.path.abspath(os.path.expanduser(value)), source
 
 
@@ -106,7 +109,7 @@ def setup_compile_cache(rt: RuntimeSection, environ: Mapping[str, str] | None = 
     """
     environ = os.environ if environ is None else environ
     path, source = resolve_compile_cache(rt, environ)
-    if path is not None:
+    if path is not None and not storage.is_remote(path):
         why = _writable_dir(path)
         if why is not None and source == "default":
             print(f"warning: compilation cache {path} is not writable ({why}); running without "
@@ -140,6 +143,9 @@ def check_profile_dir(rt: RuntimeSection) -> str | None:
     """
     if not rt.profile_dir:
         return None
+    if storage.is_remote(rt.profile_dir):
+        raise UsageError(f"runtime.profile_dir {rt.profile_dir!r} is a bucket; the profiler "
+                         "writes local files: set runtime.profile_dir to a local directory")
     path = os.path.abspath(os.path.expanduser(rt.profile_dir))
     why = _writable_dir(path)
     if why is not None:
@@ -259,6 +265,10 @@ def with_profile_flag(cfg: Config) -> Config:
     """
     if cfg.runtime.profile_dir:
         return cfg
+    if storage.is_remote(cfg.out_dir):  # the trace is local files: beside the working dir
+        name = cfg.out_dir.rstrip("/").rsplit("/", 1)[-1]
+        rt = dataclasses.replace(cfg.runtime, profile_dir=os.path.join("profile", name))
+        return dataclasses.replace(cfg, runtime=rt)
     rt = dataclasses.replace(cfg.runtime, profile_dir=os.path.join(cfg.out_dir, "profile"))
     return dataclasses.replace(cfg, runtime=rt)
 

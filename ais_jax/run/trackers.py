@@ -22,6 +22,7 @@ when the update takes ``logp_old`` from its own forward.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError, storage_error
 from ais_jax.run.results import json_safe
 
@@ -121,6 +123,11 @@ class Trackers:
         if name == "tensorboard":
             from tensorboardX import SummaryWriter
 
+            if storage.is_remote(cfg.out_dir):
+                raise UsageError(f"log.backends: tensorboard cannot write into the bucket "
+                                 f"out_dir {cfg.out_dir}; set log.tensorboard=false (metrics.jsonl "
+                                 "is written there) or use a local out_dir")
+
             self.tb = SummaryWriter(os.path.join(cfg.out_dir, "tb"))
         elif name == "wandb":
             self._wandb_init(_import("wandb"), cfg, config)
@@ -130,19 +137,17 @@ class Trackers:
                               name=os.path.basename(os.path.abspath(cfg.out_dir)))
 
     def _wandb_init(self, wandb: Any, cfg: Any, config: dict[str, Any]) -> None:
-        id_path = os.path.join(cfg.out_dir, "wandb_id")
+        id_path = storage.join(cfg.out_dir, "wandb_id")
         run_id = None
-        if os.path.exists(id_path):
-            with open(id_path) as f:
-                run_id = f.read().strip() or None
+        with contextlib.suppress(FileNotFoundError):
+            run_id = storage.read_text(id_path).strip() or None
         mode = os.environ.get("WANDB_MODE") or cfg.log.wandb_mode
         self.wandb_table = wandb.Table
         self.wandb = run = wandb.init(project=cfg.log.wandb_project, config=config, mode=mode,
-                              dir=os.environ.get("WANDB_DIR") or cfg.out_dir, id=run_id,
+                              dir=os.environ.get("WANDB_DIR") or _local_dir(cfg.out_dir), id=run_id,
                               resume="allow", name=os.path.basename(os.path.abspath(cfg.out_dir)))
         if run_id is None and getattr(run, "id", None):
-            with open(id_path, "w") as f:
-                f.write(run.id)
+            storage.write_text(id_path, run.id)
 
     def log(self, record: dict[str, Any], rows: Sequence[dict[str, Any]] = ()) -> None:
         """Send one step's record (and its completion rows, if any) to every backend.
@@ -238,36 +243,38 @@ def samples_hook(log: Any, step: int, rows: list[dict[str, Any]]) -> Any:
 
 def completions_path(out_dir: str) -> str:
     """``out_dir/completions.jsonl``."""
-    return os.path.join(out_dir, "completions.jsonl")
+    return storage.join(out_dir, "completions.jsonl")
 
 
 def write_rows(out_dir: str, rows: Sequence[dict[str, Any]]) -> None:
-    """Append completion rows to ``out_dir/completions.jsonl`` (whole lines, fsynced)."""
-    with open(completions_path(out_dir), "a") as f:
-        f.writelines(json.dumps(json_safe(row), allow_nan=False) + "\n" for row in rows)
-        f.flush()
-        os.fsync(f.fileno())
+    """Append completion rows to ``out_dir/completions.jsonl`` (whole lines, fsynced; a
+    bucket: uploaded at the next checkpoint, `ais_jax.core.storage.append_lines`)."""
+    storage.append_lines(completions_path(out_dir),
+                         [json.dumps(json_safe(row), allow_nan=False) + "\n" for row in rows])
 
 
 def truncate_rows(out_dir: str, upto: int) -> None:
     """On a resume, keep the completion rows of steps ``<= upto`` (and no torn last line)."""
     path = completions_path(out_dir)
-    if not os.path.exists(path):
+    if not storage.exists(path):
         return
     kept = []
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= upto:
-                kept.append(raw)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    for raw in storage.read_bytes(path).splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= upto:
+            kept.append(raw.decode("utf-8"))
+    storage.rewrite_lines(path, kept)
+
+
+def _local_dir(out_dir: str) -> str:
+    """``out_dir``, or for a bucket a local temporary directory (wandb writes local files)."""
+    if not storage.is_remote(out_dir):
+        return out_dir
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="ais_jax_wandb_")

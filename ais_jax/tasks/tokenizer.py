@@ -9,10 +9,15 @@ a ValueError naming it.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from ais_jax.core import storage
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 DEFAULT_ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
@@ -111,11 +116,17 @@ class CharTokenizer:
     @staticmethod
     def load(directory: str | Path) -> CharTokenizer:
         """Read a tokenizer written by `save` (a directory or the JSON file itself)."""
-        path = Path(directory)
-        if path.is_dir():
+        path: Any = Path(directory)
+        read = functools.partial(path.read_text, encoding="utf-8")
+        if storage.is_remote(os.fspath(directory)):  # a bucket export (gs://.../final)
+            path = os.fspath(directory)
+            path = path if path.endswith(".json") else storage.join(path, FILE_NAME)
+            read = functools.partial(storage.read_text, path)
+        elif path.is_dir():
             path = path / FILE_NAME
+            read = functools.partial(path.read_text, encoding="utf-8")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read())
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"no tokenizer file at {path}; save one with CharTokenizer.save."

@@ -18,7 +18,9 @@ import optax
 from jax.sharding import Mesh
 
 from ais_jax.config.schema import Config
+from ais_jax.core import storage
 from ais_jax.core.errors import UsageError
+from ais_jax.models import weight_files
 from ais_jax.models.model import ModelConfig, init_params
 from ais_jax.rollout.codec import PromptCodec, problem_location, problem_where
 from ais_jax.rollout.sampler import bucket_length
@@ -302,7 +304,7 @@ def build_model(cfg: Config, task: Any,
     params, model_cfg = load_pretrained(
         source, dtype=param_dtype,
         shardings=None if mesh is None else startup.load_shardings(init_params, param_dtype, mesh))
-    if os.path.isfile(os.path.join(str(source), "char_tokenizer.json")):
+    if weight_files.isfile(storage.join(str(source), "char_tokenizer.json")):  # gs:// too
         tok = CharTokenizer.load(str(source))  # a policy exported by a scratch run of this CLI
         return params, model_cfg, PromptCodec(tok, style, task, tok.pad_id, (tok.eos_id,))
     tok = load_tokenizer(source)
