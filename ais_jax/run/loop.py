@@ -73,7 +73,7 @@ def run(cfg: Any, reward_fns: Any = None, dataset: Any = None, *,
         lock = runguard.RunLock(cfg.out_dir) if is_main else None
         try:
             held = multihost.decide(lambda: (lock.acquire(), lock.info)[1] if lock else None)
-            multihost.share_lock(os.path.join(cfg.out_dir, runguard.LOCK_NAME), held)
+            multihost.share_lock(storage.join(cfg.out_dir, runguard.LOCK_NAME), held)
             result = _run_locked(cfg, is_main, reward_fns, dataset, overwrite, stop)
             multihost.share_lock("", None)  # kept on an error: the CLI may release it
             return result

@@ -67,10 +67,9 @@ def release_dead_main_lock() -> bool:
     if not _main_lock or is_main():
         return False
     try:
-        with open(_main_lock["path"]) as f:
-            if json.load(f) != _main_lock["info"]:
-                return False
-        os.unlink(_main_lock["path"])
+        if json.loads(storage.read_text(_main_lock["path"])) != _main_lock["info"]:
+            return False
+        storage.remove(_main_lock["path"])
     except (OSError, ValueError):
         return False
     return True
