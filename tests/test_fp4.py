@@ -205,7 +205,16 @@ def _unpacked_quantize(x, fmt):
     return _Unpacked(value=q.value, scale=q.scale, tensor_scale=q.tensor_scale, fmt=q.fmt)
 
 
+# XLA:CPU (jaxlib 0.10.2) capped below F16C (--xla_cpu_max_isa=SSE4_2 or AVX, or a CPU without
+# it) cannot link the FP4 sampler's programs: "LLVM compilation error: Symbols not found:
+# [ __extendhfsf2 ]" (issue 58).  An XLA defect, not a rounding one; strict, so the mark goes
+# when a jaxlib links them.
+_NO_F16C = re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)(\s|$)", os.environ.get("XLA_FLAGS", ""))
+
+
 @pytest.mark.slow  # ~12 s in the full suite on 2 busy cores
+@pytest.mark.xfail(bool(_NO_F16C), raises=jax.errors.JaxRuntimeError, strict=True,
+                   reason="XLA:CPU without F16C does not link __extendhfsf2 (issue 58)")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_sampler_on_packed_copy_equals_unpacked_math(fmt):
     from ais_jax.rollout import sampler
