@@ -65,6 +65,11 @@ class ModelSection:
     # resume, load model.adapter or export on a base whose weights differ from the ones the
     # checkpoint / adapter was trained on (refused by default: ais_jax.models.base_digest)
     allow_base_change: bool = False
+    # attention implementation (ais_jax.models.attention, docs/architecture.md): auto
+    # (reference on CPU and for decode steps, chunked on TPU, cudnn on GPU where it fits) |
+    # reference (full float32 scores) | chunked (online softmax over key blocks) | cudnn
+    attention: str = "auto"
+    attention_chunk: int = 256  # keys per block of the chunked attention
 
 
 @dataclass(frozen=True)
@@ -321,6 +326,7 @@ class Config:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.kind": ("auto", "ar", "llada"),
+    "model.attention": ("auto", "reference", "chunked", "cudnn"),
     "diffusion.remasking": ("low_confidence", "random"),
     "diffusion.ratio": ("estimator", "trajectory"),
     "diffusion.surrogate": ("estimator", "trajectory"),
