@@ -71,7 +71,7 @@ def test_chunked_matches_numpy_and_reference_f32(kind, chunk):
     q, k, v = _qkv(T, 13)
     want = _numpy_attention(q, k, v, visible)
     ref = att.attend(q, k, v, mask, "reference")
-    got = att.attend(q, k, v, mask, "chunked", chunk)
+    got = jax.jit(att.attend, static_argnums=(4, 5))(q, k, v, mask, "chunked", chunk)
     np.testing.assert_allclose(ref, want, atol=2e-6)
     np.testing.assert_allclose(got, want, atol=2e-6)
     np.testing.assert_allclose(got, ref, atol=1e-6)
@@ -144,6 +144,7 @@ def _batch(P=12, N=28):
     return prompt, pmask, tokens
 
 
+@pytest.mark.slow
 def test_model_forward_and_logprob_gradient_chunked_equal_reference():
     from ais_jax.models.model import forward
     from ais_jax.training.logprobs import completion_logprobs
@@ -152,13 +153,13 @@ def test_model_forward_and_logprob_gradient_chunked_equal_reference():
     results = {}
     for impl in ("reference", "chunked"):
         cfg, params = _tiny_model(impl)
-        logits = forward(params, prompt, cfg, pmask)
+        logits = jax.jit(forward, static_argnums=2)(params, prompt, cfg, pmask)
 
         def loss(p, cfg=cfg):
             lp = completion_logprobs(p, prompt, pmask, tokens, cfg, remat="full")
             return jnp.sum(lp), lp
 
-        grads, lp = jax.grad(loss, has_aux=True)(params)
+        grads, lp = jax.jit(jax.grad(loss, has_aux=True))(params)
         results[impl] = (logits, lp, grads)
     (l_ref, lp_ref, g_ref), (l_got, lp_got, g_got) = results["reference"], results["chunked"]
     np.testing.assert_allclose(l_got[pmask], l_ref[pmask], atol=2e-5)
@@ -167,6 +168,7 @@ def test_model_forward_and_logprob_gradient_chunked_equal_reference():
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_prefill_and_decode_chunked_equal_reference():
     from ais_jax.models import decode
 
@@ -174,13 +176,18 @@ def test_prefill_and_decode_chunked_equal_reference():
     out = {}
     for impl in ("reference", "chunked"):
         cfg, params = _tiny_model(impl, chunk=4)
-        logits, cache = decode.prefill(params, prompt, pmask, cfg, 14)
-        step, cache = decode.extend(params, prompt[:, -1:], jnp.ones((B, 1), bool), cache, cfg)
-        out[impl] = (logits, step)
+        @jax.jit
+        def run(params, cfg=cfg):
+            logits, cache = decode.prefill(params, prompt, pmask, cfg, 14)
+            ones = jnp.ones((B, 1), bool)
+            return logits, decode.extend(params, prompt[:, -1:], ones, cache, cfg)[0]
+
+        out[impl] = run(params)
     np.testing.assert_allclose(out["chunked"][0][pmask], out["reference"][0][pmask], atol=2e-5)
     np.testing.assert_allclose(out["chunked"][1], out["reference"][1], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_llada_forward_chunked_equal_reference():
     from ais_jax.models.llada import model as llada
 
@@ -189,9 +196,10 @@ def test_llada_forward_chunked_equal_reference():
     params = llada.init_params(jax.random.key(0), base)
     tokens = jax.random.randint(jax.random.key(3), (3, 11), 0, 40)
     mask = jnp.ones((3, 11), bool).at[0, :4].set(False).at[2].set(False)  # row 2: all padding
-    ref = llada.forward(params, tokens, dataclasses.replace(base, attention="reference"), mask)
-    got = llada.forward(params, tokens,
-                        dataclasses.replace(base, attention="chunked", attention_chunk=3), mask)
+    fwd = jax.jit(llada.forward, static_argnums=2)
+    ref = fwd(params, tokens, dataclasses.replace(base, attention="reference"), mask)
+    got = fwd(params, tokens, dataclasses.replace(base, attention="chunked", attention_chunk=3),
+              mask)
     np.testing.assert_allclose(got[mask], ref[mask], atol=2e-5)
     np.testing.assert_allclose(got[2], ref[2], atol=2e-5)  # the all-padding row: every key
 
@@ -200,6 +208,7 @@ def _score_buffers(hlo: str, T: int) -> list[str]:
     return re.findall(rf"f32\[[0-9,]*\b{T},{T}\]", hlo)
 
 
+@pytest.mark.slow
 def test_update_hlo_has_no_sequence_square_buffer_with_chunked():
     from ais_jax.training.logprobs import completion_logprobs
 
