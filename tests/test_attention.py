@@ -225,3 +225,18 @@ def test_update_hlo_has_no_sequence_square_buffer_with_chunked():
         found[impl] = _score_buffers(hlo, T)
     assert found["reference"], "the check must see the reference's [.., T, T] scores"
     assert not found["chunked"], found["chunked"][:3]
+
+
+def test_config_keys_reach_the_model_config():
+    from ais_jax.config.schema import DEFAULT_CONFIG_PATH
+    from ais_jax.run.plan import load_plan_config, resolve_model_config
+
+    cfg = load_plan_config(DEFAULT_CONFIG_PATH, ["model.attention=chunked",
+                                                 "model.attention_chunk=64"])
+    model_cfg = resolve_model_config(cfg)[0]
+    assert (model_cfg.attention, model_cfg.attention_chunk) == ("chunked", 64)
+    llada_cfg = resolve_model_config(load_plan_config(DEFAULT_CONFIG_PATH, [
+        "model.kind=llada", "model.attention=reference", "diffusion.steps=8"]))[0]
+    assert type(llada_cfg).__name__ == "LLaDAConfig" and llada_cfg.attention == "reference"
+    with pytest.raises(ValueError, match="attention must be one of"):
+        dataclasses.replace(model_cfg, attention="flash")
