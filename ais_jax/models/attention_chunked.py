@@ -10,10 +10,12 @@ output ``acc``: for each block ``s = q k^T * scale``, ``m' = max(m, max s)``,
 each block's probabilities ``p = exp(s - lse)``:
 ``dv = p^T do``, ``ds = p (do v^T - rowsum(do o))``, ``dq = ds k scale``,
 ``dk = ds^T q scale``.  No buffer of either pass is ``T x S``: the largest is
-one block's scores ``[B, K, G, T, chunk]``.
+one block's scores ``[B, K, G*T, chunk]``.
 
-Grouped-query heads share their key / value head without copying it: queries
-are ``[B, T, K, G, H]`` against keys ``[B, S, K, H]``.
+Grouped-query heads share their key / value head without copying it: the queries
+are laid out ``[B, K, G*T, H]`` (the group folded into the query axis, so no
+array has a tiny minor dimension the TPU would pad to its 128-wide tiles) against
+key blocks ``[B, K, chunk, H]``.
 """
 
 from __future__ import annotations
@@ -37,37 +39,42 @@ def _blocks(x: jax.Array, n: int, chunk: int, fill: object = 0) -> jax.Array:
 
 
 def _visible(valid: jax.Array, slot: jax.Array, q_slot: jax.Array, causal: bool) -> jax.Array:
-    """``[B, 1, 1, T, c]`` bool: block keys (``valid [B, c]``, slots ``[c]``) each query sees."""
+    """``[B, 1, GT, c]`` bool: block keys (``valid [B, c]``, slots ``[c]``) each query
+    (slots ``q_slot [GT]``) sees."""
     vis = valid[:, None, :]  # [B, 1, c]
     if causal:
-        before = slot[None, :] <= q_slot[:, None]  # [T, c]
+        before = slot[None, :] <= q_slot[:, None]  # [GT, c]
         vis = (vis & before[None]) | (slot[None, :] == q_slot[:, None])[None]
-    return vis[:, None, None]
+    return vis[:, None]
 
 
 def _scores(qg, kb, vis, scale):
-    s = jnp.einsum("btkgh,bckh->bkgtc", qg, kb, preferred_element_type=jnp.float32) * scale
-    return jnp.where(vis, s, _MASKED)  # [B, K, G, T, c]
+    s = jnp.einsum("bkqh,bkch->bkqc", qg, kb, preferred_element_type=jnp.float32) * scale
+    return jnp.where(vis, s, _MASKED)  # [B, K, GT, c]
 
 
-def _prepare(q, k, v, kv_valid, chunk):
+def _prepare(q, k, v, kv_valid, q_slot, chunk):
+    """Queries ``[B, K, G*T, H]`` (the group folded into the query axis: no tiny minor
+    dimension for the TPU's tiles), their slots ``[G*T]``, and the key blocks
+    ``[n, B, K, chunk, H]``."""
     B, T, Qn, H = q.shape
     S, Kn = k.shape[1], k.shape[2]
     n = -(-S // chunk)
-    qg = q.reshape(B, T, Kn, Qn // Kn, H)
+    G = Qn // Kn
+    qg = jnp.moveaxis(q.reshape(B, T, Kn, G, H), 1, 3).reshape(B, Kn, G * T, H)
+    kv = tuple(jnp.moveaxis(_blocks(a, n, chunk), 3, 2) for a in (k, v))  # [n, B, K, c, H]
     blocks = (
-        _blocks(k, n, chunk),
-        _blocks(v, n, chunk),
+        *kv,
         _blocks(kv_valid, n, chunk, False),
         jnp.arange(n * chunk, dtype=jnp.int32).reshape(n, chunk),
     )
-    return qg, blocks
+    return qg, jnp.tile(q_slot, G), blocks
 
 
 def _forward(q, k, v, kv_valid, q_slot, scale, causal, chunk):
-    """``(o [B, K, G, T, H] float32, lse [B, K, G, T] float32)``."""
-    qg, blocks = _prepare(q, k, v, kv_valid, chunk)
-    B, T, Kn, G, H = qg.shape
+    """``(o [B, K, G*T, H] float32, lse [B, K, G*T] float32)``."""
+    qg, q_slot, blocks = _prepare(q, k, v, kv_valid, q_slot, chunk)
+    B, Kn, GT, H = qg.shape
 
     def step(carry, blk):
         m, l, acc = carry
@@ -78,14 +85,14 @@ def _forward(q, k, v, kv_valid, q_slot, scale, causal, chunk):
         p = jnp.where(vis, jnp.exp(s - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
         pv = jnp.einsum(
-            "bkgtc,bckh->bkgth", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32
+            "bkqc,bkch->bkqh", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32
         )
         return (m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv), None
 
     init = (
-        jnp.full((B, Kn, G, T), _MASKED, jnp.float32),
-        jnp.zeros((B, Kn, G, T), jnp.float32),
-        jnp.zeros((B, Kn, G, T, H), jnp.float32),
+        jnp.full((B, Kn, GT), _MASKED, jnp.float32),
+        jnp.zeros((B, Kn, GT), jnp.float32),
+        jnp.zeros((B, Kn, GT, H), jnp.float32),
     )
     (m, l, acc), _ = jax.lax.scan(step, init, blocks)
     return acc / l[..., None], m + jnp.log(l)
@@ -93,6 +100,8 @@ def _forward(q, k, v, kv_valid, q_slot, scale, causal, chunk):
 
 def _out(o, q):
     B, T, Qn, H = q.shape
+    Kn = o.shape[1]
+    o = o.reshape(B, Kn, Qn // Kn, T, H)
     return jnp.moveaxis(o, 3, 1).reshape(B, T, Qn, H)  # [B, K, G, T, H] -> [B, T, Q, H]
 
 
@@ -134,41 +143,51 @@ def _fwd(q, k, v, kv_valid, q_slot, scale, causal, chunk):
 
 def _bwd(causal, chunk, res, do):
     q, k, v, kv_valid, q_slot, scale, o, lse = res
-    qg, blocks = _prepare(q, k, v, kv_valid, chunk)
-    B, T, Kn, G, H = qg.shape
-    dog = jnp.moveaxis(do.reshape(B, T, Kn, G, H), 1, 3).astype(jnp.float32)  # [B, K, G, T, H]
-    delta = jnp.sum(dog * o, axis=-1)  # [B, K, G, T]
+    qg, q_slot, blocks = _prepare(q, k, v, kv_valid, q_slot, chunk)
+    B, Kn, GT, H = qg.shape
+    T = q.shape[1]
+    dog = jnp.moveaxis(do.reshape(B, T, Kn, GT // T, H), 1, 3).reshape(B, Kn, GT, H)
+    dog = dog.astype(jnp.float32)
+    delta = jnp.sum(dog * o, axis=-1)  # [B, K, GT]
 
     def step(dq, blk):
         kb, vb, valid, slot = blk
         vis = _visible(valid, slot, q_slot, causal)
         p = jnp.where(vis, jnp.exp(_scores(qg, kb, vis, scale) - lse[..., None]), 0.0)
         dv = jnp.einsum(
-            "bkgtc,bkgth->bckh",
+            "bkqc,bkqh->bkch",
             p.astype(vb.dtype),
             dog.astype(vb.dtype),
             preferred_element_type=jnp.float32,
         )
         dp = jnp.einsum(
-            "bkgth,bckh->bkgtc", dog.astype(vb.dtype), vb, preferred_element_type=jnp.float32
+            "bkqh,bkch->bkqc", dog.astype(vb.dtype), vb, preferred_element_type=jnp.float32
         )
-        ds = p * (dp - delta[..., None]) * scale  # [B, K, G, T, c]
+        ds = p * (dp - delta[..., None]) * scale  # [B, K, GT, c]
         dq = dq + jnp.einsum(
-            "bkgtc,bckh->bkgth", ds.astype(kb.dtype), kb, preferred_element_type=jnp.float32
+            "bkqc,bkch->bkqh", ds.astype(kb.dtype), kb, preferred_element_type=jnp.float32
         )
         dk = jnp.einsum(
-            "bkgtc,btkgh->bckh", ds.astype(qg.dtype), qg, preferred_element_type=jnp.float32
+            "bkqc,bkqh->bkch", ds.astype(qg.dtype), qg, preferred_element_type=jnp.float32
         )
         return dq, (dk, dv)
 
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros((B, Kn, G, T, H), jnp.float32), blocks)
+    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros((B, Kn, GT, H), jnp.float32), blocks)
     S = k.shape[1]
 
-    def unblock(x, like):  # [n, B, c, K, H] -> [B, S, K, H]
-        return jnp.moveaxis(x, 0, 1).reshape(B, -1, Kn, H)[:, :S].astype(like.dtype)
+    def unblock(x, like):  # [n, B, K, c, H] -> [B, S, K, H]
+        return (
+            jnp.moveaxis(x, 0, 2).reshape(B, Kn, -1, H)[:, :, :S].swapaxes(1, 2).astype(like.dtype)
+        )
 
-    dq = jnp.moveaxis(dq, 3, 1).reshape(q.shape).astype(q.dtype)
-    return dq, unblock(dk, k), unblock(dv, v), None, None, jnp.zeros_like(scale)
+    return (
+        _out(dq, q).astype(q.dtype),
+        unblock(dk, k),
+        unblock(dv, v),
+        None,
+        None,
+        jnp.zeros_like(scale),
+    )
 
 
 chunked.defvjp(_fwd, _bwd)
