@@ -103,7 +103,7 @@ def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
     elif m.source not in SPECIAL_SOURCES:
         _check_path("model.source", m.source)
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-    _at_least("model", m, (*sizes, "intermediate_size"), 1)
+    _at_least("model", m, (*sizes, "intermediate_size", "attention_chunk"), 1)
     _require(
         m.num_heads % m.num_kv_heads == 0,
         f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}",

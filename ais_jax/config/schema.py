@@ -65,6 +65,11 @@ class ModelSection:
     # resume, load model.adapter or export on a base whose weights differ from the ones the
     # checkpoint / adapter was trained on (refused by default: ais_jax.models.base_digest)
     allow_base_change: bool = False
+    # attention implementation (ais_jax.models.attention, docs/architecture.md): auto
+    # (cudnn on GPU where it fits, else reference) | reference (full float32 scores) |
+    # chunked (online softmax over key blocks: less memory, slower by the TPU compiler) | cudnn
+    attention: str = "auto"
+    attention_chunk: int = 256  # keys per block of the chunked attention
 
 
 @dataclass(frozen=True)
@@ -330,6 +335,7 @@ class Config:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.kind": ("auto", "ar", "llada"),
+    "model.attention": ("auto", "reference", "chunked", "cudnn"),
     "diffusion.remasking": ("low_confidence", "random"),
     "diffusion.ratio": ("estimator", "trajectory"),
     "diffusion.surrogate": ("estimator", "trajectory"),

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models import fp8 as fp8_lib
+from ais_jax.models.attention import causal_mask
 from ais_jax.models.kv_cache import (
     ALL_LAYERS,
     K_LAYOUT,
@@ -112,8 +113,7 @@ def prefill(
     B, T = tokens.shape
     mask = mask.astype(jnp.bool_)
     pos = positions_from_mask(mask)
-    attn_mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & mask[:, None, :]  # [B, T, T]
-    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]
+    attn_mask = causal_mask(mask)
     inv_freq = rope_inv_freq(cfg)
     x = _embed(params, tokens)
 
@@ -228,14 +228,10 @@ def extend(
       ``(logits [B, T, V] float32, updated cache)`` (in the form of ``cache``).
     """
     T = tokens.shape[1]
-    S = cache.valid.shape[1]
     mask = mask.astype(jnp.bool_)
     pos = cache.pos[:, None] + positions_from_mask(mask)  # [B, T]
     valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))  # [B, S]
-    slot = jnp.arange(S)
-    qslot = cache.index + jnp.arange(T)
-    attn_mask = (slot[None, :] <= qslot[:, None])[None] & valid[:, None, :]  # [B, T, S]
-    attn_mask = attn_mask | (slot[None, :] == qslot[:, None])[None]
+    attn_mask = causal_mask(valid, cache.index, T)  # slots <= each query's, and its own
     inv_freq = rope_inv_freq(cfg)
     x = _embed(params, tokens)
     dtype = x.dtype

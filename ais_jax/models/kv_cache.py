@@ -151,7 +151,7 @@ class ScaledView(NamedTuple):
 
     ``x``: ``[B, S, K, H]`` float8 values converted exactly to the compute dtype
     (the convert fuses into the attention matmul); ``scale``: float32 scalar,
-    applied to the matmul's float32 result (`ais_jax.models.model._attend`).
+    applied to the matmul's float32 result (`ais_jax.models.attention.reference`).
     """
 
     x: jax.Array

@@ -33,6 +33,18 @@ from typing import Any, Literal, NamedTuple
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "chunked", "cudnn")
+
+
+def check_attention(attention: str, chunk: int) -> None:
+    """Raise ValueError unless ``attention`` names an implementation and ``chunk`` is positive."""
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got "
+                         f"{attention!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ValueError(f"attention_chunk must be a positive int, got {chunk!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Static, hashable decoder config (pass as a static argument to `jax.jit`)."""
@@ -61,8 +73,13 @@ class ModelConfig:
     eos_token_id: int | None = None  # first EOS id (see eos_token_ids)
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    # attention implementation (ais_jax.models.attention): auto | reference | chunked | cudnn,
+    # and the chunked implementation's keys per block
+    attention: str = "auto"
+    attention_chunk: int = 256
 
     def __post_init__(self) -> None:
+        check_attention(self.attention, self.attention_chunk)
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim"):
             v = getattr(self, name)

@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models import layout
+from ais_jax.models.attention import AttnMask, attend, causal_mask
 from ais_jax.models.fp8 import QuantArray, act_amax, linear, qdot
 from ais_jax.models.fused import split_sizes
-from ais_jax.models.kv_cache import ScaledView, cache_update
+from ais_jax.models.kv_cache import cache_update
 from ais_jax.models.layout import ARCHITECTURES, ModelConfig  # ModelConfig lives with its table
 
 __all__ = ["ARCHITECTURES", "ModelConfig", "forward", "init_params"]
@@ -96,34 +97,15 @@ def apply_rope(x: jax.Array, pos: jax.Array, inv_freq: jax.Array) -> jax.Array:
     return x * cos + rot * sin
 
 
-def _attend(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention, softmax in float32.
-
-    q ``[B, T, Q, H]``, k / v ``[B, S, K, H]``, mask ``[B, T, S]`` bool -> ``[B, T, Q*H]``.
-    k / v may be `ais_jax.models.kv_cache.ScaledView`s (a fixed-scale FP8
-    cache): their scales multiply the float32 scores / outputs.
-    """
-    sk = k.scale if isinstance(k, ScaledView) else None
-    sv = v.scale if isinstance(v, ScaledView) else None
-    k, v = (a.x if isinstance(a, ScaledView) else a for a in (k, v))
-    B, T, Qn, H = q.shape
-    Kn = k.shape[2]
-    q = q.reshape(B, T, Kn, Qn // Kn, H)  # [B, T, K, G, H]
-    s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = s / math.sqrt(H) if sk is None else s * (sk / math.sqrt(H))
-    s = jnp.where(mask[:, None, None], s, -1e30)
-    p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
-    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    o = o if sv is None else o * sv
-    return o.reshape(B, T, Qn * H).astype(q.dtype)
-
-
 ACT_INPUTS = ("qkv", "o", "gate_up", "down")  # the 4 linear inputs of a block, in order
 
 
-def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None, *,
-           kv_update=None, rows=None, calibrate=False):
+def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None,
+           *, kv_update=None, rows=None, calibrate=False):
     """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
+
+    ``mask``: which keys each query sees (`ais_jax.models.attention.AttnMask`);
+    the attention runs as ``cfg.attention`` resolves (`ais_jax.models.attention.attend`).
 
     ``rows`` (``[B, T]`` bool, optional): the real tokens; only they set the
     per-tensor activation scales of FP8 linears (`ais_jax.models.fp8.qdot`).
@@ -170,7 +152,7 @@ def _layer(x, lp, pos, mask, inv_freq, cfg: ModelConfig, cache_kv=None, index=No
         (k, v), (kx, vx) = kv_update(k, v)
     else:
         kx, vx = k, v
-    o = _attend(q, kx, vx, mask)  # [B, T, Q*H]
+    o = attend(q, kx, vx, mask, cfg.attention, cfg.attention_chunk)  # [B, T, Q*H]
     x = x + lin(o, "wo", 1)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "w_gate_up" in lp:
@@ -232,11 +214,8 @@ def forward(
         mask = jnp.ones((B, T), jnp.bool_)
     mask = mask.astype(jnp.bool_)
     pos = positions_from_mask(mask)
-    causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
-    attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
-    # A padding query (attends to nothing valid) would softmax over -1e30 only:
-    # let it see itself so its (unused) output stays finite.
-    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]
+    # causal over the real tokens; a padding query sees itself (its unused output stays finite)
+    attn_mask = causal_mask(mask)
     inv_freq = rope_inv_freq(cfg)
     x = _embed(params, tokens)
 

@@ -108,6 +108,9 @@ def configure_devices(n: int) -> None:
 def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
     """The model config of ``cfg.model.source``, without reading any weights.
 
+    It carries the run's ``model.attention`` settings
+    (`ais_jax.training.build.with_attention`), as the trainer's does.
+
     ``scratch``: the trainer's scratch model; a directory with a ``config.json``:
     that file (and ``generation_config.json``'s EOS ids); a LLaDA policy: see
     `ais_jax.run.plan_llada.resolve_llada_config`; otherwise the preset
@@ -124,6 +127,13 @@ def resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
     Raises:
       UsageError: no ``config.json`` and no preset of that name (names the presets).
     """
+    from ais_jax.training.build import with_attention
+
+    model_cfg, origin = _resolve_model_config(cfg)
+    return with_attention(model_cfg, cfg), origin
+
+
+def _resolve_model_config(cfg: Config) -> tuple[ModelConfig, str]:
     from ais_jax.models.hf_config import HF_PRESETS, merge_generation_eos, model_config_from_hf
     from ais_jax.training.build import model_kind
 

@@ -53,7 +53,16 @@ def resolve_llada_config(cfg: Config) -> tuple[Any, str]:
     Raises:
       UsageError: no LLaDA ``config.json`` and no preset of that name (names the presets),
         or a config.json that is not a supported LLaDA config.
+
+    The config carries the run's ``model.attention`` settings.
     """
+    from ais_jax.training.build import with_attention
+
+    lcfg, origin = _resolve_llada_config(cfg)
+    return with_attention(lcfg, cfg), origin
+
+
+def _resolve_llada_config(cfg: Config) -> tuple[Any, str]:
     from ais_jax.models.llada.checkpoint import LLADA_PRESETS, config_from_dict
     from ais_jax.models.weight_files import read_json
     from ais_jax.training.build import scratch_llada_config

@@ -272,12 +272,26 @@ def build_llada(cfg: Config, task: Any, mesh: Mesh | None = None) -> tuple[Any, 
                                      int(eos if pad is None else pad), (int(eos),))
 
 
+def with_attention(model_cfg: Any, cfg: Config) -> Any:
+    """``model_cfg`` (a `ModelConfig` or LLaDA config) with the run's ``model.attention`` and
+    ``model.attention_chunk`` (`ais_jax.models.attention`)."""
+    return dataclasses.replace(model_cfg, attention=cfg.model.attention,
+                               attention_chunk=cfg.model.attention_chunk)
+
+
 def build_model(cfg: Config, task: Any,
                 mesh: Mesh | None = None) -> tuple[Any, ModelConfig, PromptCodec]:
     """``(params, model_cfg, codec)``: a scratch model, an HF directory, a GGUF file, SmolLM2
     or (``model.kind`` resolving to ``llada``) a LLaDA policy (`build_llada`).  With ``mesh``
     the params are born in the trainer's shards (`ais_jax.training.startup`): a jitted init
-    with ``out_shardings``, or each process reading only its shards' slices of the files."""
+    with ``out_shardings``, or each process reading only its shards' slices of the files.
+    The model config carries the run's attention settings (`with_attention`)."""
+    params, model_cfg, codec = _build_model(cfg, task, mesh)
+    return params, with_attention(model_cfg, cfg), codec
+
+
+def _build_model(cfg: Config, task: Any,
+                 mesh: Mesh | None = None) -> tuple[Any, ModelConfig, PromptCodec]:
     from ais_jax.tasks import CharTokenizer
 
     if model_kind(cfg) == "llada":

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from ais_jax.method.distributions import token_logprob_pair, token_logprobs
 from ais_jax.models import model as model_lib
+from ais_jax.models.attention import causal_mask
 
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,  # keep every activation of the backward pass
@@ -70,8 +71,7 @@ def hidden_states(
     B, T = tokens.shape
     mask = jnp.ones((B, T), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
     pos = model_lib.positions_from_mask(mask)
-    attn_mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & mask[:, None, :]  # [B, T, T]
-    attn_mask = attn_mask | jnp.eye(T, dtype=jnp.bool_)[None]  # padding queries see themselves
+    attn_mask = causal_mask(mask)  # padding queries see themselves
     inv_freq = model_lib.rope_inv_freq(cfg)
     pin = constrain if constrain is not None else (lambda x: x)
 

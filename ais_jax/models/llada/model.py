@@ -16,7 +16,6 @@ the ``hf`` column holds the LLaDA safetensors names (see
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models import fp8
+from ais_jax.models.attention import attend, bidirectional_mask
 from ais_jax.models.fp8 import QuantArray, linear, qdot
-from ais_jax.models.layout import ArrayInfo
+from ais_jax.models.layout import ArrayInfo, check_attention
 from ais_jax.models.model import apply_rope, rms_norm
 
 #: LLaDA-8B's mask token id.
@@ -58,8 +58,12 @@ class LLaDAConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     max_sequence_length: int = 4096  # prompt + response positions the model was trained on
+    # attention implementation (ais_jax.models.attention) and the chunked one's keys per block
+    attention: str = "auto"
+    attention_chunk: int = 256
 
     def __post_init__(self) -> None:
+        check_attention(self.attention, self.attention_chunk)
         if self.text_vocab_size is None:
             object.__setattr__(self, "text_vocab_size", self.vocab_size)
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -186,18 +190,6 @@ def to_rollout_params(params: dict, **kwargs: Any) -> dict:
     return fp8.to_rollout_params(params, **kwargs)
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Bidirectional GQA: q ``[B,T,Q,H]``, k/v ``[B,T,K,H]``, mask ``[B,T]`` -> ``[B,T,Q*H]``."""
-    B, T, Qn, H = q.shape
-    Kn = k.shape[2]
-    q = q.reshape(B, T, Kn, Qn // Kn, H)
-    s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = jnp.where(mask[:, None, None, None, :], s / math.sqrt(H), -1e30)
-    p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return o.reshape(B, T, Qn * H).astype(q.dtype)
-
-
 def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig):
     """One LLaDA block; ``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
     B, T, _ = x.shape
@@ -206,7 +198,8 @@ def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig):
     q = apply_rope(linear(h, lp["wq"], None, mask).reshape(B, T, Q, H), pos, inv_freq)
     k = apply_rope(linear(h, lp["wk"], None, mask).reshape(B, T, K, H), pos, inv_freq)
     v = linear(h, lp["wv"], None, mask).reshape(B, T, K, H)
-    x = x + linear(_attend(q, k, v, mask), lp["wo"], None, mask)
+    o = attend(q, k, v, bidirectional_mask(mask), cfg.attention, cfg.attention_chunk)
+    x = x + linear(o, lp["wo"], None, mask)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     g = linear(h, lp["w_gate"], None, mask)  # ff_proj: the SiLU input
     u = linear(h, lp["w_up"], None, mask)  # up_proj

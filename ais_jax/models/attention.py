@@ -1,0 +1,229 @@
+"""Attention, one place that picks its implementation: today's reference, chunked, cuDNN.
+
+Every program that attends over a sequence calls `attend`: the update's
+forward / backward (`ais_jax.training.logprobs`), the rollout prefill and each
+decode step (`ais_jax.models.decode`), `ais_jax.models.model.forward` and
+LLaDA's bidirectional forward (`ais_jax.models.llada.model`).  The mask is
+described, not materialized (`AttnMask`): the keys that may be attended to
+(``kv_valid [B, S]``) and, for causal attention, each query's own key slot
+(``q_slot [T]``).  A causal query sees the valid keys at or before its slot and
+always itself (so a padding query's unused output stays finite); a
+bidirectional query sees every valid key.
+
+Implementations (``model.attention``; `resolve` maps ``auto``):
+
+- ``reference``: today's attention, the full ``[B, K, G, T, S]`` float32 score
+  tensor and a softmax (`reference`).  ``auto`` on CPU and for decode steps
+  (``T = 1``, where the scores are ``[B, Q, 1, S]``), so the CPU numbers stay
+  bit-for-bit those of earlier releases.
+- ``chunked``: an online softmax over ``chunk``-key blocks in pure XLA
+  (`ais_jax.models.attention_chunked`): a running max and sum in float32, a
+  ``lax.scan`` over the blocks, and a flash-style backward (``jax.custom_vjp``)
+  that recomputes each block from the saved log-sum-exp; neither pass holds a
+  ``T x S`` buffer.  Never picked by ``auto``: the TPU compiler's own cost model
+  prices it slower than ``reference`` (the 0.6B update on v6e-1: model-MFU bound
+  9.8% against 15.7%, docs/measurements/attention_tpu.md), so it is the option for
+  a sequence whose scores do not fit, not a speed-up.
+- ``cudnn``: `jax.nn.dot_product_attention` with ``implementation="cudnn"``
+  (flash attention).  ``auto`` on GPU when the query dtype is bfloat16 / float16
+  and the head dim a multiple of 8 up to 128; otherwise ``reference``.
+
+The backend is ``jax.default_backend()`` at trace time, which
+``python -m ais_jax.plan --target`` sets to the target's platform
+(`ais_jax.run.plan_target.backend_as`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ais_jax.models.attention_chunked import chunked
+from ais_jax.models.kv_cache import ScaledView
+from ais_jax.models.layout import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS
+
+__all__ = [
+    "DEFAULT_CHUNK",
+    "IMPLEMENTATIONS",
+    "AttnMask",
+    "attend",
+    "bidirectional_mask",
+    "causal_mask",
+    "reference",
+    "resolve",
+]
+
+DEFAULT_CHUNK = 256  # keys per block of the chunked implementation
+
+
+class AttnMask(NamedTuple):
+    """Which keys each query sees, without a ``[B, T, S]`` array.
+
+    Attributes:
+      kv_valid: ``[B, S]`` bool, the keys that may be attended to.
+      q_slot: ``[T]`` int32 key slot of each query (causal: it sees the valid
+        slots ``<= q_slot`` and always its own); None: bidirectional.
+    """
+
+    kv_valid: jax.Array
+    q_slot: jax.Array | None = None
+
+    def dense(self, T: int) -> jax.Array:
+        """The mask as ``[B, T, S]`` bool (the reference implementation's)."""
+        kv = self.kv_valid
+        if self.q_slot is None:
+            return jnp.broadcast_to(kv[:, None, :], (kv.shape[0], T, kv.shape[1]))
+        slot = jnp.arange(kv.shape[1])
+        vis = (slot[None, :] <= self.q_slot[:, None])[None] & kv[:, None, :]
+        return vis | (slot[None, :] == self.q_slot[:, None])[None]
+
+
+def causal_mask(valid: jax.Array, start: Any = 0, T: int | None = None) -> AttnMask:
+    """Causal attention over the keys ``valid`` ``[B, S]`` for ``T`` queries at slots ``start..``.
+
+    Args:
+      valid: ``[B, S]`` validity of the keys (left padding 0).
+      start: slot of the first query (a cache's write index; 0 for a full pass).
+      T: number of queries (default ``S``).
+
+    Returns:
+      The `AttnMask`.
+    """
+    T = valid.shape[1] if T is None else T
+    return AttnMask(valid.astype(jnp.bool_), start + jnp.arange(T, dtype=jnp.int32))
+
+
+def bidirectional_mask(valid: jax.Array) -> AttnMask:
+    """Every query sees every valid key of ``valid`` ``[B, S]``."""
+    return AttnMask(valid.astype(jnp.bool_))
+
+
+def resolve(
+    impl: str, backend: str | None = None, dtype: Any = None, head_dim: int = 0, T: int = 0
+) -> str:
+    """The implementation ``impl`` names: ``auto`` by backend (see the module doc).
+
+    Args:
+      impl: one of `IMPLEMENTATIONS`.
+      backend: JAX backend name (default: ``jax.default_backend()``).
+      dtype: the query dtype (cuDNN needs bfloat16 / float16).
+      head_dim: ``H`` (cuDNN needs a multiple of 8, at most 128).
+      T: queries (``1``: a decode step, reference everywhere).
+
+    Returns:
+      ``"reference"``, ``"chunked"`` or ``"cudnn"``.
+    """
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"attention must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    if impl != "auto":
+        return impl
+    backend = jax.default_backend() if backend is None else backend
+    if backend in ("gpu", "cuda") and T != 1 and cudnn_fits(dtype, head_dim):
+        return "cudnn"
+    return "reference"
+
+
+def cudnn_fits(dtype: Any, head_dim: int) -> bool:
+    """Whether cuDNN's flash attention takes queries of ``dtype`` and head dim ``head_dim``."""
+    return (
+        dtype is not None
+        and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+        and head_dim % 8 == 0
+        and 0 < head_dim <= 128
+    )
+
+
+def reference(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
+    """Today's grouped-query attention: full float32 scores, softmax in float32.
+
+    q ``[B, T, Q, H]``, k / v ``[B, S, K, H]``, mask ``[B, T, S]`` bool -> ``[B, T, Q*H]``.
+    k / v may be `ais_jax.models.kv_cache.ScaledView`s (a fixed-scale FP8
+    cache): their scales multiply the float32 scores / outputs.
+    """
+    sk = k.scale if isinstance(k, ScaledView) else None
+    sv = v.scale if isinstance(v, ScaledView) else None
+    k, v = (a.x if isinstance(a, ScaledView) else a for a in (k, v))
+    B, T, Qn, H = q.shape
+    Kn = k.shape[2]
+    q = q.reshape(B, T, Kn, Qn // Kn, H)  # [B, T, K, G, H]
+    s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    s = s / math.sqrt(H) if sk is None else s * (sk / math.sqrt(H))
+    s = jnp.where(mask[:, None, None], s, -1e30)
+    p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
+    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    o = o if sv is None else o * sv
+    return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def reference_bidirectional(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """LLaDA's attention as it was (bidirectional, padding keys masked).
+
+    q ``[B,T,Q,H]``, k/v ``[B,T,K,H]``, mask ``[B,T]`` -> ``[B,T,Q*H]``.
+    """
+    B, T, Qn, H = q.shape
+    Kn = k.shape[2]
+    q = q.reshape(B, T, Kn, Qn // Kn, H)
+    s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None, None, :], s / math.sqrt(H), -1e30)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttnMask) -> jax.Array:
+    """`jax.nn.dot_product_attention` (cuDNN) with the dense mask; ``[B, T, Q*H]``."""
+    B, T, Qn, H = q.shape
+    dense = mask.dense(T)[:, None]  # [B, 1, T, S]
+    o = jax.nn.dot_product_attention(
+        q, k.astype(q.dtype), v.astype(q.dtype), mask=dense, implementation="cudnn"
+    )
+    return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def attend(
+    q: jax.Array, k: Any, v: Any, mask: AttnMask, impl: str = "auto", chunk: int = DEFAULT_CHUNK
+) -> jax.Array:
+    """Grouped-query attention by the implementation ``impl`` resolves to (`resolve`).
+
+    Args:
+      q: ``[B, T, Q, H]`` queries.
+      k: ``[B, S, K, H]`` keys (or a `ais_jax.models.kv_cache.ScaledView`).
+      v: ``[B, S, K, H]`` values (or a ``ScaledView``).
+      mask: the `AttnMask` (`causal_mask`, `bidirectional_mask`).
+      impl: one of `IMPLEMENTATIONS`.
+      chunk: keys per block of ``chunked``.
+
+    Returns:
+      ``[B, T, Q*H]`` in ``q.dtype``.
+    """
+    B, T, Qn, H = q.shape
+    scaled = isinstance(k, ScaledView) or isinstance(v, ScaledView)
+    which = resolve(impl, dtype=q.dtype, head_dim=H, T=T)
+    if which == "cudnn" and scaled:
+        which = "chunked"  # an FP8 cache's scales: not cuDNN's
+    if which == "reference":
+        if mask.q_slot is None:
+            return reference_bidirectional(q, k, v, mask.kv_valid)
+        return reference(q, k, v, mask.dense(T))
+    if which == "cudnn":
+        return _cudnn(q, k, v, mask)
+    sk = k.scale if isinstance(k, ScaledView) else None
+    sv = v.scale if isinstance(v, ScaledView) else None
+    k, v = (a.x if isinstance(a, ScaledView) else a for a in (k, v))
+    scale = jnp.float32(1 / math.sqrt(H)) if sk is None else sk / math.sqrt(H)
+    q_slot = jnp.zeros((T,), jnp.int32) if mask.q_slot is None else mask.q_slot
+    o = chunked(
+        q,
+        k,
+        v,
+        mask.kv_valid,
+        q_slot,
+        scale.astype(jnp.float32),
+        causal=mask.q_slot is not None,
+        chunk=chunk,
+    )  # [B, T, Q, H] float32
+    o = o if sv is None else o * sv
+    return o.reshape(B, T, Qn * H).astype(q.dtype)
