@@ -11,13 +11,13 @@ from _tiny import TINY_RUN
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ais_jax import train
 from ais_jax.config.load import load_config
 from ais_jax.config.schema import RolloutSection
 from ais_jax.core.errors import UsageError
 from ais_jax.models import fp8, int8, kv_cache
 from ais_jax.models.layout import ModelConfig
 from ais_jax.models.qarray import QuantArray, native_precision
+from ais_jax.run import cli as train
 from ais_jax.training.steps import kv_format, resolve_precision, rollout_params
 
 

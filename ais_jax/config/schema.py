@@ -122,7 +122,7 @@ class RolloutSection:
     weight_scaling: str = "tensor"  # FP8 weight scale granularity: tensor | channel
     lm_head_fp8: bool = False  # also quantize the output projection
     kv_cache_fp8: bool = False  # store the decode KV cache in float8
-    kv_cache_int8: bool = False  # store it in int8 (not with kv_cache_fp8)
+    kv_cache_int8: bool = False  # store the decode KV cache in int8 (not with kv_cache_fp8)
     # rollout copy in the fused layout: q/k/v and gate/up as one weight each (same numbers
     # up to summation order; on an H200 compile no fewer kernels, XLA merges them itself;
     # FP4 weights stay unfused; needs mesh.tensor = 1; docs/performance.md)
