@@ -2,7 +2,7 @@
 
 ``/work/wt/_tpuvenv/bin/python benchmarks/deviceless_cost.py [--decode MODEL,...]
 [--arms bf16,fp8,...] [--tpu v5e,v6e,tpu7x] [--rows 64] [--prompt-len 128] [--new 128]
-[--update CONFIG@TARGET[+override...],...] [--out JSON] [--hlo-dir DIR] [--from-hlo]``
+[--update CONFIG@TARGET[+override...],...] [--out JSON] [--hlo-dir DIR] [--from-hlo | --reuse]``
 
 Needs libtpu in its own venv (``python -m venv --system-site-packages VENV && VENV/bin/pip
 install "libtpu==0.0.42.*"``; docs/measurements/plan_targets.md), no TPU; without it the script
@@ -60,7 +60,7 @@ def decode_rows(a: argparse.Namespace) -> list[dict]:
     rows = []
     for model in a.decode:
         for tpu in a.tpu:
-            mesh = None if a.from_hlo else dkt._mesh(tpu)[0]
+            mesh = None if a.from_hlo else dkt._mesh(tpu)[0]  # libtpu starts (no compile)
             for arm in a.arms:
                 stem = os.path.join(a.hlo_dir, f"{model}_{tpu}_{arm}_{a.rows}_{a.new}")
                 out = {"program": "decode", "model": model, "tpu": tpu, "arm": arm,
@@ -84,7 +84,7 @@ def decode_rows(a: argparse.Namespace) -> list[dict]:
 
 
 def _decode_text(a, model: str, tpu: str, arm: str, mesh, stem: str, out: dict) -> str:
-    if a.from_hlo:
+    if a.from_hlo or (a.reuse and os.path.exists(stem + ".hlo")):
         with open(stem + ".hlo") as f:
             return f.read()
     import deviceless_kernels as dk
@@ -163,7 +163,7 @@ def update_rows(a: argparse.Namespace) -> list[dict]:
                                                                *overrides)))
         out = {"program": "update", "config": config, "target": target, "overrides": overrides}
         try:
-            if a.from_hlo:
+            if a.from_hlo or (a.reuse and os.path.exists(stem + ".hlo")):
                 with open(stem + ".hlo") as f:
                     text = f.read()
                 with open(stem + ".json") as f:
@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON file (docs/measurements/...)")
     p.add_argument("--hlo-dir", default="/tmp/deviceless_cost")
     p.add_argument("--from-hlo", action="store_true", help="price saved .hlo, no compile")
+    p.add_argument("--reuse", action="store_true",
+                   help="price a program's saved .hlo when there is one, compile the others")
     a = p.parse_args(argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     a.decode, a.arms, a.tpu, a.update = (split(a.decode), split(a.arms), split(a.tpu),

@@ -83,7 +83,7 @@ def test_qdot_is_the_integer_gemm_times_the_scales(act):
         sx = np.max(np.abs(x)) / np.float32(127)
     xq = np.clip(np.round(x / sx), -127, 127).astype(np.int64)
     acc = xq @ np.asarray(w.value, np.int64).T
-    ref = acc.astype(np.float32) * (sx * np.asarray(w.scale)[:, 0])
+    ref = acc.astype(np.float32) * sx * np.asarray(w.scale)[:, 0]
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
     # and close to the full-precision product
     wf = np.asarray(fp8.dequantize(w))

@@ -120,7 +120,9 @@ def qdot(x: jax.Array, w: QuantArray, *, out_dtype: Any | None = None,
     acc = int_matmul(xq.value, w.value)  # [..., out] int32
     s_x = xq.scale if per_token else xq.scale.reshape(())  # [..., 1] or []
     s_w = w.scale.reshape(()) if w.scale.size == 1 else w.scale[:, 0]  # [] or [out]
-    return (acc.astype(jnp.float32) * (s_x * s_w)).astype(out_dtype)
+    # both scales multiply the int32 result elementwise (left to right, as the FP8 qdot): the
+    # epilogue of the GEMM's fusion, no separate op for the product of the scales
+    return (acc.astype(jnp.float32) * s_x * s_w).astype(out_dtype)
 
 
 def quantize_weight(w: jax.Array, act_scaling: str = "tensor") -> QuantArray:
