@@ -68,7 +68,9 @@ from ais_jax.training import sharding as shd
 
 _FP8 = ["rollout.precision=fp8", "rollout.fp8_format=e4m3", "rollout.weight_scaling=tensor",
         "rollout.lm_head_fp8=false"]
-_INT8 = ["rollout.precision=int8", "rollout.act_scaling=prefill", "rollout.lm_head_fp8=false",
+# per-token int8 activations: per-tensor or prefill-fixed int8 scales measured d_bar 1.1 / 2.1 on
+# SmolLM2 (docs/accelerators.md)
+_INT8 = ["rollout.precision=int8", "rollout.act_scaling=token", "rollout.lm_head_fp8=false",
          "rollout.kv_cache_fp8=false"]
 ARMS: dict[str, list[str]] = {
     "bf16": ["rollout.precision=bf16"],
@@ -80,6 +82,8 @@ ARMS: dict[str, list[str]] = {
     # INT8 W8A8 (per-channel int8 weights, int32 accumulation; bf16 lm head), models/int8.py
     "int8": [*_INT8, "rollout.kv_cache_int8=false"],
     "int8_kv": [*_INT8, "rollout.kv_cache_int8=true"],
+    "int8_prefill_kv": [*_INT8[:1], "rollout.act_scaling=prefill", *_INT8[2:],
+                        "rollout.kv_cache_int8=true"],
 }
 CRITICAL = (("Qwen3-8B", 256), ("Qwen3-0.6B", 64))  # (model, rows) pairs measured first ...
 CRITICAL_ARMS = ("bf16", "fp8")  # ... in these arms

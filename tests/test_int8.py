@@ -18,7 +18,12 @@ from ais_jax.models import fp8, int8, kv_cache
 from ais_jax.models.layout import ModelConfig
 from ais_jax.models.qarray import QuantArray, native_precision
 from ais_jax.run import cli as train
-from ais_jax.training.steps import kv_format, resolve_precision, rollout_params
+from ais_jax.training.steps import (
+    int8_act_scaling,
+    kv_format,
+    resolve_precision,
+    rollout_params,
+)
 
 
 def test_quantize_rounds_half_to_even_and_saturates_symmetric():
@@ -130,6 +135,10 @@ def test_auto_table_and_resolution():
     p = {"embed": jnp.ones((4, 3), jnp.float32), "layers": {"wq": jnp.ones((1, 3, 3))}}
     rp = rollout_params(p, RolloutSection(precision="int8"))
     assert rp["layers"]["wq"].value.dtype == jnp.int8 and rp["embed"].dtype == jnp.bfloat16
+    # INT8 activations: the default "tensor" means per token; prefill stays prefill
+    assert rp["layers"]["wq"].act_scaling == "token"
+    assert [int8_act_scaling(a) for a in ("tensor", "token", "prefill")] == \
+        ["token", "token", "prefill"]
 
 
 def test_config_accepts_int8_auto_and_rejects_two_kv_formats():

@@ -117,7 +117,8 @@ class RolloutSection:
     # block-scaled weights, BF16 activations; act_scaling / weight_scaling must stay tensor)
     fp8_format: str = "e4m3"
     # FP8 activation scale granularity: tensor | token | prefill (per tensor, fixed for the
-    # decode steps from the prefill's amax x 2; with kv_cache_fp8 also per-layer KV scales)
+    # decode steps from the prefill's amax x 2; with kv_cache_fp8 also per-layer KV scales);
+    # INT8 (precision=int8): tensor means per token (docs/accelerators.md)
     act_scaling: str = "tensor"
     weight_scaling: str = "tensor"  # FP8 weight scale granularity: tensor | channel
     lm_head_fp8: bool = False  # also quantize the output projection
