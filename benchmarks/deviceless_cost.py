@@ -100,6 +100,14 @@ def _decode_text(a, model: str, tpu: str, arm: str, mesh, stem: str, out: dict) 
     return text
 
 
+def _libtpu_or_none() -> str | None:
+    """The installed libtpu's version (the compiler of ``--from-hlo`` files), else None."""
+    try:
+        return _libtpu()
+    except Exception:  # importlib.metadata.PackageNotFoundError
+        return None
+
+
 def _libtpu() -> str:
     from importlib.metadata import version
 
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with open(a.out, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
-                       "libtpu": next((r["libtpu"] for r in rows if "libtpu" in r), None),
+                       "libtpu": next((r["libtpu"] for r in rows if "libtpu" in r), None)
+                    or _libtpu_or_none(),
                        "clocks_hz": {k: v[3] for k, v in hc.CHIPS.items()},
                        "peaks": {k: {"bf16_flops": v[1], "hbm_bytes_s": v[2]}
                                  for k, v in hc.CHIPS.items()},
