@@ -187,6 +187,39 @@ def _instr_traffic(mod: hs.HloModule, ins: hs.Instr, types: dict[str, str]) -> f
     return _traffic(mod, ins, types)
 
 
+def infer_trip_count(mod: hs.HloModule, comp: str, loop: hs.Instr) -> int | None:
+    """A ``while``'s trip count when its backend config has none (the TPU compiler writes none):
+    a condition whose ROOT is ``compare(get-tuple-element(param, k), constant N),
+    direction=LT`` with element ``k`` of the loop's initial tuple a constant ``c`` (or not a
+    constant: taken as 0) counts ``N - c`` iterations (a scan's counter steps by one); any
+    other condition (a decode loop's "rows left") gives None."""
+    cond = (loop.called().get("condition") or ("",))[0]
+    instrs = {i.name: i for i in mod.computations.get(cond, [])}
+    root = mod.computations.get(cond, [])[-1:] or []
+    if not root or root[0].opcode != "compare" or "direction=LT" not in root[0].attrs:
+        return None
+    a, b = (instrs.get(o) for o in root[0].operands[:2])
+    if not (a and b and a.opcode == "get-tuple-element" and b.opcode == "constant"):
+        return None
+    idx = re.search(r"index=(\d+)", a.attrs)
+    try:
+        n = int(b.operands[0])
+    except (ValueError, IndexError):
+        return None
+    here = {i.name: i for i in mod.computations.get(comp, [])}
+    init = here.get(loop.operands[0]) if loop.operands else None
+    start = 0
+    if init is not None and init.opcode == "tuple" and idx:
+        first = here.get(init.operands[int(idx.group(1))]) if int(idx.group(1)) < len(
+            init.operands) else None
+        if first is not None and first.opcode == "constant":
+            try:
+                start = int(first.operands[0])
+            except (ValueError, IndexError):
+                start = 0
+    return max(n - start, 0)
+
+
 def price(mod: hs.HloModule, comp: str, runs: int = 1, seen: tuple[str, ...] = ()
           ) -> list[Priced]:
     """Every kernel-level instruction one run of ``comp`` executes, with its price.
@@ -204,7 +237,7 @@ def price(mod: hs.HloModule, comp: str, runs: int = 1, seen: tuple[str, ...] = (
     for ins in mod.computations.get(comp, []):
         calls = ins.called()
         if ins.opcode == "while":
-            n = ins.trip_count or 1
+            n = ins.trip_count or infer_trip_count(mod, comp, ins) or 1
             out += price(mod, calls["body"][0], runs * n, seen) if "body" in calls else []
             if "condition" in calls:
                 out += price(mod, calls["condition"][0], runs * (n + 1), seen)

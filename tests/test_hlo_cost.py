@@ -148,3 +148,15 @@ def test_roofline_sums_the_binding_side_per_instruction(mod):
     assert s["roofline_s"] == pytest.approx(4.0)
     assert s["compute_bound_s"] == pytest.approx(2.0) and s["memory_bound_s"] == 2.0
     assert s["flops"] == 2e12 and s["bytes"] == 6e9
+
+
+def test_trip_count_inferred_from_the_condition_when_the_config_has_none():
+    # the TPU compiler writes no known_trip_count: the condition's `i < 3` (i from 0) gives it
+    text = _TEXT.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
+    mod = hs.parse_hlo(text)
+    loop = next(i for i in mod.computations["main"] if i.name == "lp")
+    assert loop.trip_count is None and hc.infer_trip_count(mod, "main", loop) == 3
+    decode = next(i for i in mod.computations["main"] if i.name == "dl")
+    assert hc.infer_trip_count(mod, "main", decode) is None  # a constant-false condition
+    items = {p.name: p for p in hc.price(mod, mod.entry)}
+    assert items["e"].runs == 3 and items["lt"].runs == 4
