@@ -113,7 +113,7 @@ def test_load_config_accepts_pathlike_and_empty_file(tmp_path):
         (["train.steps=-5"], "train.steps must be >= 1, got -5"),
         (["sft.steps=-1"], "sft.steps must be >= 0 (0 skips SFT), got -1"),
         (["train.learning_rate=0"], "train.learning_rate must be > 0, got 0.0"),
-        (["rollout.precision=fp16"], "rollout.precision must be one of 'fp8', 'bf16', got 'fp16'"),
+        (["rollout.precision=fp16"], "rollout.precision must be one of 'fp8', 'bf16', 'int8', 'auto', got 'fp16'"),
         (["ais.mode=AIS"], "ais.mode must be one of 'ais', 'tis', 'none', 'token_mask'"),
         (["ais.geo_threshold=-0.1"], "ais.geo_threshold must be >= 0"),
         (["ais.C=1"], "ais.C must be > 1"),
