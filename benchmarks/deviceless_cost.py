@@ -63,6 +63,8 @@ def decode_rows(a: argparse.Namespace) -> list[dict]:
             mesh = None if a.from_hlo else dkt._mesh(tpu)[0]  # libtpu starts (no compile)
             for arm in a.arms:
                 stem = os.path.join(a.hlo_dir, f"{model}_{tpu}_{arm}_{a.rows}_{a.new}")
+                if a.from_hlo and a.skip_missing and not os.path.exists(stem + ".hlo"):
+                    continue
                 out = {"program": "decode", "model": model, "tpu": tpu, "arm": arm,
                        "rows": a.rows, "prompt_len": a.prompt_len, "new": a.new}
                 try:
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON file (docs/measurements/...)")
     p.add_argument("--hlo-dir", default="/tmp/deviceless_cost")
     p.add_argument("--from-hlo", action="store_true", help="price saved .hlo, no compile")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="with --from-hlo: leave out the programs with no saved .hlo")
     p.add_argument("--reuse", action="store_true",
                    help="price a program's saved .hlo when there is one, compile the others")
     a = p.parse_args(argv)
