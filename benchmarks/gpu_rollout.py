@@ -68,6 +68,10 @@ from ais_jax.training import sharding as shd
 
 _FP8 = ["rollout.precision=fp8", "rollout.fp8_format=e4m3", "rollout.weight_scaling=tensor",
         "rollout.lm_head_fp8=false"]
+# per-token int8 activations: per-tensor or prefill-fixed int8 scales measured d_bar 1.1 / 2.1 on
+# SmolLM2 (docs/accelerators.md)
+_INT8 = ["rollout.precision=int8", "rollout.act_scaling=token", "rollout.lm_head_fp8=false",
+         "rollout.kv_cache_fp8=false"]
 ARMS: dict[str, list[str]] = {
     "bf16": ["rollout.precision=bf16"],
     "fp8": [*_FP8, "rollout.act_scaling=tensor", "rollout.kv_cache_fp8=false"],
@@ -75,6 +79,11 @@ ARMS: dict[str, list[str]] = {
     "fp8_token": [*_FP8, "rollout.act_scaling=token", "rollout.kv_cache_fp8=false"],
     "fp8_prefill": [*_FP8, "rollout.act_scaling=prefill", "rollout.kv_cache_fp8=false"],
     "fp8_prefill_kv": [*_FP8, "rollout.act_scaling=prefill", "rollout.kv_cache_fp8=true"],
+    # INT8 W8A8 (per-channel int8 weights, int32 accumulation; bf16 lm head), models/int8.py
+    "int8": [*_INT8, "rollout.kv_cache_int8=false"],
+    "int8_kv": [*_INT8, "rollout.kv_cache_int8=true"],
+    "int8_prefill_kv": [*_INT8[:1], "rollout.act_scaling=prefill", *_INT8[2:],
+                        "rollout.kv_cache_int8=true"],
 }
 CRITICAL = (("Qwen3-8B", 256), ("Qwen3-0.6B", 64))  # (model, rows) pairs measured first ...
 CRITICAL_ARMS = ("bf16", "fp8")  # ... in these arms

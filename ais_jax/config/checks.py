@@ -131,6 +131,8 @@ def _validate_rollout_ais(r: RolloutSection, a: AISSection) -> None:
             f"rollout.{name}={clip(getattr(r, name))} does not apply to rollout.fp8_format="
             f"{r.fp8_format} (block-scaled FP4 weights, BF16 activations); leave it at 'tensor'",
         )
+    _require(not (r.kv_cache_fp8 and r.kv_cache_int8), "rollout.kv_cache_fp8 and "
+             "rollout.kv_cache_int8 are both true; pick one KV cache format")
     _require(
         r.group_size >= 2,
         f"rollout.group_size must be >= 2 (GRPO needs >= 2 samples per prompt), got {r.group_size}",
@@ -293,6 +295,7 @@ def check_diffusion(cfg: Config) -> None:
     _require(r.top_k == 0 and r.top_p == 1.0,
              "the LLaDA sampler has no top-k / top-p; set rollout.top_k=0 rollout.top_p=1")
     _require(not r.kv_cache_fp8, "a LLaDA policy has no KV cache; set rollout.kv_cache_fp8=false")
+    _require(not r.kv_cache_int8, "a LLaDA policy has no KV cache; set rollout.kv_cache_int8=false")
     _require(r.act_scaling != "prefill", "a LLaDA policy has no prefill / decode steps to fix "
              "FP8 scales in; set rollout.act_scaling=tensor or token")
     _require(not r.fused_linears, "the LLaDA model has no fused rollout layout; set "

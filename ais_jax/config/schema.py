@@ -109,7 +109,9 @@ class RewardSection:
 class RolloutSection:
     """Sampling of the rollouts (the behaviour policy)."""
 
-    precision: str = "fp8"  # rollout weights: fp8 (quantized copy) | bf16
+    # rollout weights: fp8 (quantized copy) | bf16 | int8 (W8A8, per-channel weights) | auto
+    # (the device's fastest native format: docs/accelerators.md)
+    precision: str = "fp8"
     temperature: float = 1.0  # sampling temperature, > 0
     top_k: int = 0  # keep the k most likely tokens; 0 disables
     top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 disables
@@ -123,11 +125,13 @@ class RolloutSection:
     # decode steps from the prefill's amax x 2; with kv_cache_fp8 also per-layer KV scales;
     # fewer decode kernels but less accurate: on SmolLM2-135M d_bar vs the BF16 trainer 0.227
     # against tensor's 0.208 on the same tokens, ~1% of down-projection inputs flushed to 0;
-    # docs/measurements/prefill_scaling_smollm2.md)
+    # docs/measurements/prefill_scaling_smollm2.md); INT8 (precision=int8): tensor means per
+    # token (docs/accelerators.md)
     act_scaling: str = "tensor"
     weight_scaling: str = "tensor"  # FP8 weight scale granularity: tensor | channel
     lm_head_fp8: bool = False  # also quantize the output projection
     kv_cache_fp8: bool = False  # store the decode KV cache in float8
+    kv_cache_int8: bool = False  # store the decode KV cache in int8 (not with kv_cache_fp8)
     # rollout copy in the fused layout: q/k/v and gate/up as one weight each (same numbers
     # up to summation order; on an H200 compile no fewer kernels, XLA merges them itself;
     # FP4 weights stay unfused; needs mesh.tensor = 1; docs/performance.md)
@@ -344,7 +348,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.remat": ("auto", "none", "full", "dots"),
     "task.prompt_style": ("compact", "chat"),
     "task.checker": ("numeric", "exact", "math_verify", "none"),
-    "rollout.precision": ("fp8", "bf16"),
+    "rollout.precision": ("fp8", "bf16", "int8", "auto"),
     "rollout.fp8_format": ("e4m3", "e5m2", "nvfp4", "mxfp4"),
     "rollout.act_scaling": ("tensor", "token", "prefill"),
     "rollout.weight_scaling": ("tensor", "channel"),

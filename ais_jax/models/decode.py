@@ -26,6 +26,7 @@ from ais_jax.models.kv_cache import (
     cache_update,
     cache_write,
     init_cache,
+    kv_dtype,
     stack_buffers,
     unstack_buffer,
     unstack_cache,
@@ -77,7 +78,7 @@ def prefill(
     length: int,
     *,
     dtype: Any = None,
-    fp8: bool = False,
+    fp8: bool | str = False,
     last_only: bool = False,
 ) -> tuple[jax.Array, KVCache]:
     """Full causal pass over left-padded prompts that keeps their keys / values.
@@ -100,7 +101,7 @@ def prefill(
       cfg: model config.
       length: cache slots ``S``.
       dtype: cache element type (default: the embedding's dtype).
-      fp8: FP8 cache (see `init_cache`).
+      fp8: FP8 cache, or ``"int8"``: an int8 one (see `init_cache`).
       last_only: apply the output projection to the last position only (what a
         sampler needs: ``[B, 1, V]`` instead of ``[B, T, V]``, which at a 150k
         vocabulary is the largest buffer of a long prompt's prefill).  An FP8
@@ -133,7 +134,8 @@ def prefill(
         if fp8:
             rows = mask[None, :, :, None, None]
             kv_scales = tuple(fp8_lib.prefill_scale(jnp.max(jnp.where(rows, jnp.abs(
-                a.astype(jnp.float32)), 0.0), axis=(1, 2, 3, 4))) for a in (ks, vs))
+                a.astype(jnp.float32)), 0.0), axis=(1, 2, 3, 4)), kv_dtype(fp8))
+                for a in (ks, vs))
     dtype = params["embed"].dtype if dtype is None else dtype
     cache = init_cache(cfg, B, length, dtype, fp8=fp8, kv_scales=kv_scales)
     valid = jnp.zeros((B, length), jnp.bool_).at[:, :T].set(mask)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ais_jax.models import fp4, layout, lora
+from ais_jax.models import fp4, int8, layout, lora
 from ais_jax.models.qarray import E4M3, E5M2, FP4_FORMATS, FP8_DTYPES, QuantArray, fp8_max
 
 ROLLOUT_FORMATS = (*FP8_DTYPES, *FP4_FORMATS)  # to_rollout_params(dtype=...) as strings
@@ -81,9 +81,11 @@ def quantize(
       clipped to the format's finite range before the cast, so no NaN appears
       for finite inputs of any magnitude.
     """
-    dtype = _resolve_dtype(dtype)
     if act_scaling not in ACT_SCALINGS:
         raise ValueError(f"act_scaling must be one of {ACT_SCALINGS}, got {act_scaling!r}")
+    if int8.is_int8(dtype):  # INT8 W8A8: ais_jax.models.int8
+        return int8.quantize(x, axes=axes, act_scaling=act_scaling, valid=valid)
+    dtype = _resolve_dtype(dtype)
     fmax = fp8_max(dtype)
     xf = x.astype(jnp.float32)
     if axes is None:
@@ -115,6 +117,8 @@ def quantize_static(x: jax.Array, scale: jax.Array, *, dtype: Any = E4M3) -> Qua
       `QuantArray` (``value`` float8 of ``x``'s shape, ``scale`` as given).  Values
       beyond ``scale * fmax`` saturate to the format's largest finite value.
     """
+    if int8.is_int8(dtype):
+        return int8.quantize_static(x, scale)
     dtype = _resolve_dtype(dtype)
     fmax = fp8_max(dtype)
     scale = jnp.asarray(scale, jnp.float32)
@@ -136,6 +140,8 @@ def prefill_scale(amax: jax.Array, dtype: Any = E4M3,
 
     An amax of 0 (an input the prefill never saw nonzero) gives scale 1.
     """
+    if int8.is_int8(dtype):
+        return int8.prefill_scale(amax, headroom)
     fmax = fp8_max(_resolve_dtype(dtype))
     amax = jnp.asarray(amax, jnp.float32)
     return jnp.where(amax > 0, headroom * amax / fmax, 1.0).astype(jnp.float32)
@@ -203,6 +209,8 @@ def qdot(
         return fp4.block_qdot(x, w, out_dtype=out_dtype)
     if w.value.ndim != 2:
         raise ValueError(f"qdot expects a 2-D weight [out, in], got shape {w.value.shape}")
+    if int8.is_int8(w.value.dtype):  # INT8 W8A8: int32 accumulation
+        return int8.qdot(x, w, out_dtype=out_dtype, valid=valid, act_scale=act_scale)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     per_token = w.act_scaling == "token" and act_scale is None
     rows = None if valid is None or per_token else valid[..., None]
@@ -307,6 +315,8 @@ def to_rollout_params(
             raise ValueError(f"{dtype} has fixed block scales and unquantized activations; "
                              "weight_scaling and act_scaling must stay 'tensor'")
         q = lambda w, n: fp4.quantize_blocks(w, dtype, name=n)  # noqa: E731
+    elif int8.is_int8(dtype):  # per output channel always (weight_scaling is FP8's)
+        q = lambda w, n: int8.quantize_weight(w, act_scaling)  # noqa: E731
     else:
         dtype = _resolve_dtype(dtype)
         if act_scaling not in ACT_SCALINGS:

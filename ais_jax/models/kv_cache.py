@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models.fp8 import E4M3, QuantArray, dequantize, quantize, quantize_static
+from ais_jax.models.int8 import INT8
 from ais_jax.models.layout import ModelConfig
 
 # Stored layout of one layer's keys / values: a permutation of the logical
@@ -72,7 +73,7 @@ def init_cache(
     length: int,
     dtype: Any = jnp.bfloat16,
     *,
-    fp8: bool = False,
+    fp8: bool | str = False,
     kv_scales: tuple[jax.Array, jax.Array] | None = None,
 ) -> KVCache:
     """An empty cache of ``length`` slots for ``batch`` rows.
@@ -85,6 +86,7 @@ def init_cache(
       fp8: store keys / values as float8 E4M3 with one float32 scale per
         (layer, row, token), dequantized when attended to. Not part of the
         paper's recipe (it keeps the KV cache in BF16); off by default.
+        ``"int8"``: the same with int8 values (`kv_dtype`).
       kv_scales: with ``fp8``, optional float32 ``[L]`` key and value scales,
         one per layer and fixed (``act_scaling="prefill"``): writes quantize
         elementwise with them (no reduction, no scale buffer to update).
@@ -94,21 +96,28 @@ def init_cache(
       no valid slot, positions and index 0.
     """
     L, logical = cfg.num_layers, (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    qdtype = kv_dtype(fp8)
 
     def empty(perm: tuple, fixed: Any) -> Any:
         shape = (L, *(logical[p] for p in perm))
         if fp8 and fixed is not None:
-            return QuantArray(value=jnp.zeros(shape, E4M3), act_scaling="prefill",
+            return QuantArray(value=jnp.zeros(shape, qdtype), act_scaling="prefill",
                               scale=jnp.asarray(fixed, jnp.float32).reshape(L, 1, 1, 1, 1))
         if fp8:
             scale = (L, *((batch, length, 1, 1)[p] for p in perm))
-            return QuantArray(value=jnp.zeros(shape, E4M3), scale=jnp.ones(scale, jnp.float32))
+            return QuantArray(value=jnp.zeros(shape, qdtype), scale=jnp.ones(scale, jnp.float32))
         return jnp.zeros(shape, dtype)
 
     sk, sv = (None, None) if kv_scales is None else kv_scales
     return KVCache(k=empty(K_LAYOUT, sk), v=empty(V_LAYOUT, sv),
                    valid=jnp.zeros((batch, length), jnp.bool_),
                    pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def kv_dtype(fp8: bool | str) -> Any:
+    """The element type of a quantized cache (`init_cache`'s ``fp8``): int8 for ``"int8"``,
+    E4M3 for any other true value, None for False."""
+    return INT8 if fp8 == "int8" else (E4M3 if fp8 else None)
 
 
 def is_fixed_scale(c: Any) -> bool:

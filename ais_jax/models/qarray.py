@@ -58,3 +58,22 @@ def fp8_max(dtype: Any = E4M3) -> float:
     return float(jnp.finfo(dtype).max)
 
 
+
+
+# rollout.precision=auto: the fastest quantized format each device multiplies natively, keyed
+# by a lowercase substring of jax's ``device.device_kind`` (first match wins); anything else
+# (CPU, unknown devices) keeps BF16.  Sources: NVIDIA's Hopper / Blackwell data sheets (FP8
+# tensor cores); Google's TPU pages (INT8 at 2x BF16 on v5e / v6e, v5p's int8 MXU path; FP8
+# native only on tpu7x / Ironwood); the TPU compiler's own cycle estimates agree
+# (docs/accelerators.md, "Native formats").
+NATIVE_FORMATS: tuple[tuple[str, str], ...] = (
+    ("h100", "fp8"), ("h200", "fp8"), ("h800", "fp8"), ("b200", "fp8"), ("gb200", "fp8"),
+    ("tpu7x", "fp8"), ("tpu v5 lite", "int8"), ("tpu v5e", "int8"), ("tpu v5", "int8"),
+    ("tpu v6", "int8"))
+
+
+def native_precision(device_kind: str) -> str:
+    """``rollout.precision`` that ``auto`` means on a device: ``"fp8"`` (E4M3), ``"int8"`` or
+    ``"bf16"`` (`NATIVE_FORMATS`; e.g. ``"TPU v6 lite"`` -> ``"int8"``, ``"cpu"`` -> ``"bf16"``)."""
+    kind = str(device_kind).lower()
+    return next((fmt for key, fmt in NATIVE_FORMATS if key in kind), "bf16")

@@ -230,7 +230,7 @@ def _sample_impl(
     eos_ids: tuple[int, ...],
     pad_id: int,
     num_samples: int,
-    kv_fp8: bool,
+    kv_fp8: bool | str,
     segments: int,
     transpose: bool,
     scan_layers: bool,
@@ -320,7 +320,7 @@ def sample(
     eos_id: int | Sequence[int] | None = None,
     num_samples: int = 1,
     pad_id: int | None = None,
-    kv_fp8: bool = False,
+    kv_fp8: bool | str = False,
     decode_segments: int | None = None,
     scan_layers: bool | None = None,
 ) -> Rollout:
@@ -344,7 +344,8 @@ def sample(
       num_samples: ``G`` samples per prompt (prompt prefilled once).
       pad_id: token written after EOS (default: the first EOS id, else 0).
       kv_fp8: FP8 E4M3 KV cache, one scale per (layer, row, token), or per layer fixed
-        by the prefill for ``act_scaling="prefill"`` params (off by default).
+        by the prefill for ``act_scaling="prefill"`` params (off by default); ``"int8"``:
+        the same cache in int8 (`ais_jax.models.int8`).
       decode_segments: the decode loop is split into this many segments, each
         attending to a statically sized prefix of the cache (more segments: less
         attention work, longer compile). None: `default_segments`
@@ -376,6 +377,7 @@ def sample(
         params, prompt_tokens.astype(jnp.int32), prompt_mask.astype(jnp.bool_), key,
         cfg=cfg, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
         top_k=int(top_k), top_p=float(top_p), eos_ids=eos_ids, pad_id=pad_id,
-        num_samples=int(num_samples), kv_fp8=bool(kv_fp8), segments=segments,
+        num_samples=int(num_samples), kv_fp8=kv_fp8 if kv_fp8 == "int8" else bool(kv_fp8),
+        segments=segments,
         transpose=jax.default_backend() == "cpu" and not scan, scan_layers=scan,
     )

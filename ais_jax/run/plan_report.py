@@ -252,14 +252,15 @@ def analytic_bytes(cfg: Config, model_cfg: ModelConfig, mesh: Mesh, state: Any,
              "dots": 2 * T * (QH + 2 * KH + 2 * D + 2 * F), "full": 2 * T * D}
     # with remat, one layer is recomputed at a time and its full working set is live again
     working = saved["none"] if remat != "none" else 0
-    kv_bytes = 1 if r.kv_cache_fp8 else 2  # FP8 cache: + a float32 scale per (row, token)
+    q8 = r.kv_cache_fp8 or r.kv_cache_int8  # 1-byte cache: + a float32 scale per (row, token)
+    kv_bytes = 1 if q8 else 2
     return {
         "params_bytes": device_bytes(state.params),  # master dtype
         "opt_state_bytes": device_bytes(state.opt_state),  # Adam: mu and nu, param dtype
         "rollout_copy_bytes": device_bytes(rp),  # 1 byte per FP8 weight + scales, rest bf16
         # L x {k, v} x B x (P + N) slots x K x H x bytes, rows over the batch shards
         "kv_cache_bytes": L * 2 * math.ceil(B / shards) * (P + N)
-        * (KH * kv_bytes + 4 * r.kv_cache_fp8),
+        * (KH * kv_bytes + 4 * q8),
         # prefill logits [prompts, P, V] float32 (every prompt position, not just the last)
         "prefill_logits_bytes": math.ceil(r.prompts_per_step / shards) * P * V * 4,
         "remat": remat, "gradient_rows_per_device": rows_dev, "logprob_chunk": chunk,

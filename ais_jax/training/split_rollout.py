@@ -74,9 +74,9 @@ class SplitRollout:
 
     def __init__(self, params: Any, param_shardings: Any, batch_sharding: Any, mesh: Mesh,
                  rmesh: Mesh, model_cfg: ModelConfig, cfg: Config, ids: Any) -> None:
-        from ais_jax.training.steps import rollout_params
+        from ais_jax.training.steps import kv_format, resolve_precision, rollout_params
 
-        r = cfg.rollout
+        r = resolve_precision(cfg.rollout, rmesh.devices.flat[0].device_kind)
         self.batch_sharding, self.rmesh = batch_sharding, rmesh
         self.rb2 = shd.batch_sharding(rmesh, 2)
 
@@ -97,7 +97,7 @@ class SplitRollout:
             out = sampler.sample(
                 rp, prompt_tokens, prompt_mask, key, model_cfg, max_new_tokens=r.max_new_tokens,
                 temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=r.kv_cache_fp8,
+                eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=kv_format(r),
                 pad_id=ids.pad_id)
             G = r.group_size
             return RolloutBatch(jnp.repeat(prompt_tokens, G, axis=0),

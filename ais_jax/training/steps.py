@@ -13,6 +13,7 @@ closed over as static values.  The host side of the step is `ais_jax.training.rl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -24,6 +25,7 @@ from ais_jax.config.schema import Config, RolloutSection
 from ais_jax.method.distributions import token_logprobs
 from ais_jax.models import fp8, fused
 from ais_jax.models.model import ModelConfig
+from ais_jax.models.qarray import native_precision
 from ais_jax.rollout import sampler
 from ais_jax.training import sharding as shd
 from ais_jax.training.logprobs import head_map, hidden_states
@@ -49,9 +51,44 @@ class TokenIds(NamedTuple):
     pad_id: int | None
 
 
+def resolve_precision(r: RolloutSection, device_kind: str | None = None) -> RolloutSection:
+    """``r`` with ``precision="auto"`` replaced by the device's native format
+    (`ais_jax.models.qarray.native_precision`; ``"fp8"`` means E4M3); other values unchanged.
+
+    Args:
+      r: the rollout section.
+      device_kind: the device's ``device_kind`` (default: ``jax.devices()[0]``'s).
+    """
+    if r.precision != "auto":
+        return r
+    kind = jax.devices()[0].device_kind if device_kind is None else device_kind
+    native = native_precision(kind)
+    return dataclasses.replace(r, precision=native,
+                               **({"fp8_format": "e4m3"} if native == "fp8" else {}))
+
+
+def int8_act_scaling(act_scaling: str) -> str:
+    """INT8's activation scheme for ``rollout.act_scaling``: ``"tensor"`` (the default) means
+    per token (one int8 scale for a whole activation tensor lets one outlier feature flatten
+    every other value: SmolLM2's sampled mismatch d_bar 0.51 per tensor vs 0.20 per token,
+    docs/accelerators.md); ``"token"`` and ``"prefill"`` as given."""
+    return "token" if act_scaling == "tensor" else act_scaling
+
+
+def kv_format(r: RolloutSection) -> bool | str:
+    """The sampler's ``kv_fp8`` argument: ``"int8"``, True (E4M3) or False (BF16 cache)."""
+    return "int8" if r.kv_cache_int8 else bool(r.kv_cache_fp8)
+
+
 def rollout_params(params: Any, r: RolloutSection) -> Any:
-    """The rollout copy: BF16 params, FP8-quantized when ``r.precision == "fp8"``."""
+    """The rollout copy: BF16 params, FP8- or INT8-quantized for ``r.precision`` ``"fp8"`` /
+    ``"int8"`` (``"auto"``: `resolve_precision`)."""
+    r = resolve_precision(r)
     p = cast_params(params, jnp.bfloat16)
+    if r.precision == "int8":  # per-channel int8 weights (weight_scaling is FP8's); per-token
+        # activations unless prefill-fixed (`int8_act_scaling`)
+        p = fp8.to_rollout_params(p, dtype="int8", quantize_lm_head=r.lm_head_fp8,
+                                  act_scaling=int8_act_scaling(r.act_scaling))
     if r.precision == "fp8":
         p = fp8.to_rollout_params(p, dtype=r.fp8_format, quantize_lm_head=r.lm_head_fp8,
                                   weight_scaling=r.weight_scaling, act_scaling=r.act_scaling)
@@ -86,7 +123,7 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     out = sampler.sample(
         rp, prompt_tokens, prompt_mask, key, model_cfg, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-        eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=r.kv_cache_fp8,
+        eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=kv_format(r),
         pad_id=ids.pad_id,
     )
     G = r.group_size
@@ -186,7 +223,13 @@ def build_step_fns(
 
     With ``lora_policy`` (`ais_jax.training.lora_policy.LoraPolicy`) the state's params are
     the adapters, and rollout / score / update are `_lora_step_fns`'s.
+    ``rollout.precision=auto`` is resolved here for the mesh's device kind (and printed).
     """
+    if cfg.rollout.precision == "auto":
+        kind = mesh.devices.flat[0].device_kind
+        cfg = dataclasses.replace(cfg, rollout=resolve_precision(cfg.rollout, kind))
+        print(f"rollout.precision=auto: {cfg.rollout.precision} on {kind} "
+              "(docs/accelerators.md, native formats)", flush=True)
     st_sh = state_shardings(state, mesh, None if lora_policy is None else lora_policy.cfg)
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)

@@ -1,0 +1,162 @@
+# ruff: noqa: E501  (hand-written HLO lines are as long as the compiler prints them)
+"""benchmarks/_hlo_cost.py on hand-written TPU-style HLO with known answers (no libtpu).
+
+One module: an entry that runs a known-trip-count loop (3 iterations) and a decode loop
+without a trip count.  Every kernel-level instruction carries an ``estimated_cycles`` in its
+backend config; the fused computations' instructions carry none and must not be counted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _hlo_cost as hc  # noqa: E402
+import _hlo_stats as hs  # noqa: E402
+
+
+def _bc(cycles: int) -> str:
+    return ('backend_config={"flag_configs":[],"window_config":{"kernel_window_bounds":[],'
+            f'"estimated_cycles":"{cycles}","iteration_bounds":["1"]}},"retry_config":{{}}}}')
+
+
+_TEXT = f"""HloModule cost, is_scheduled=true
+
+%mm (a: bf16[8,256], w: bf16[4,128,256]) -> f32[8,128] {{
+  %a = bf16[8,256]{{1,0}} parameter(0)
+  %w = bf16[4,128,256]{{2,1,0}} parameter(1)
+  %c = s32[] constant(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,128,256]{{2,1,0}} dynamic-slice(%w, %c, %z, %z), dynamic_slice_sizes={{1,128,256}}
+  %wb = bf16[128,256]{{1,0}} bitcast(%ds)
+  ROOT %d = f32[8,128]{{1,0}} dot(%a, %wb), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}
+}}
+
+%upd (buf: bf16[64,128], row: bf16[1,128], i: s32[]) -> bf16[64,128] {{
+  %buf = bf16[64,128]{{1,0}} parameter(0)
+  %row = bf16[1,128]{{1,0}} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %dus = bf16[64,128]{{1,0}} dynamic-update-slice(%buf, %row, %i, %z)
+}}
+
+%conv (x: bf16[16,8,32], k: bf16[16,64,32]) -> f32[16,8,64] {{
+  %x = bf16[16,8,32]{{2,1,0}} parameter(0)
+  %k = bf16[16,64,32]{{2,1,0}} parameter(1)
+  ROOT %cv = f32[16,8,64]{{2,1,0}} convolution(%x, %k), window={{size=16 stride=15 lhs_dilate=16}}, dim_labels=0bf_0oi->0bf
+}}
+
+%body (p: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {{
+  %p = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %y = f32[8,128]{{1,0}} get-tuple-element(%p), index=1
+  %e = f32[8,128]{{1,0}} exponential(%y), {_bc(10)}
+  ROOT %t = (s32[], f32[8,128]{{1,0}}) tuple(%i, %e)
+}}
+
+%cond (p: (s32[], f32[8,128])) -> pred[] {{
+  %p = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT, {_bc(1)}
+}}
+
+%dbody (p: (s32[], bf16[64,128], bf16[1,128])) -> (s32[], bf16[64,128], bf16[1,128]) {{
+  %p = (s32[], bf16[64,128]{{1,0}}, bf16[1,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %b = bf16[64,128]{{1,0}} get-tuple-element(%p), index=1
+  %r = bf16[1,128]{{1,0}} get-tuple-element(%p), index=2
+  %u = bf16[64,128]{{1,0}} fusion(%b, %r, %i), kind=kLoop, calls=%upd, {_bc(500)}
+  %cc = bf16[1,128]{{1,0}} custom-call(%r), custom_call_target="Helper", {_bc(7)}
+  ROOT %t = (s32[], bf16[64,128]{{1,0}}, bf16[1,128]{{1,0}}) tuple(%i, %u, %cc)
+}}
+
+%dcond (p: (s32[], bf16[64,128], bf16[1,128])) -> pred[] {{
+  %p = (s32[], bf16[64,128]{{1,0}}, bf16[1,128]{{1,0}}) parameter(0)
+  ROOT %f = pred[] constant(false)
+}}
+
+ENTRY %main (a: bf16[8,256], w: bf16[4,128,256], x: bf16[16,8,32], b: bf16[64,128], k: bf16[16,64,32]) -> f32[8,128] {{
+  %a = bf16[8,256]{{1,0}} parameter(0)
+  %w = bf16[4,128,256]{{2,1,0}} parameter(1)
+  %x = bf16[16,8,32]{{2,1,0}} parameter(2)
+  %b = bf16[64,128]{{1,0}} parameter(3)
+  %k = bf16[16,64,32]{{2,1,0}} parameter(4)
+  %mmf = f32[8,128]{{1,0}} fusion(%a, %w), kind=kOutput, calls=%mm, {_bc(1000)}
+  %cvf = f32[16,8,64]{{2,1,0}} fusion(%x, %k), kind=kOutput, calls=%conv, {_bc(2000)}
+  %z = s32[] constant(0)
+  %t0 = (s32[], f32[8,128]{{1,0}}) tuple(%z, %mmf)
+  %lp = (s32[], f32[8,128]{{1,0}}) while(%t0), condition=%cond, body=%body, backend_config={{"known_trip_count":{{"n":"3"}}}}
+  %r0 = bf16[1,128]{{1,0}} constant({{...}})
+  %t1 = (s32[], bf16[64,128]{{1,0}}, bf16[1,128]{{1,0}}) tuple(%z, %b, %r0)
+  %dl = (s32[], bf16[64,128]{{1,0}}, bf16[1,128]{{1,0}}) while(%t1), condition=%dcond, body=%dbody
+  ROOT %out = f32[8,128]{{1,0}} get-tuple-element(%lp), index=1
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return hs.parse_hlo(_TEXT)
+
+
+def test_cycles_multiply_loops_and_skip_fused_instructions(mod):
+    items = hc.price(mod, mod.entry)
+    # 1000 + 2000 + 3 x 10 (body) + 4 x 1 (condition: trip count + 1) + decode body once
+    # (500 + 7: an unknown trip count counts once)
+    assert sum(p.cycles * p.runs for p in items) == 1000 + 2000 + 30 + 4 + 507
+    assert {p.name: p.runs for p in items}["e"] == 3
+
+
+def test_decode_body_is_the_loop_without_a_trip_count(mod):
+    assert hc.decode_body(mod) == "dbody"
+    r = hc.program_cost(_TEXT, "v6e", decode=True)
+    assert r["estimated_cycles"] == 507
+    assert r["estimated_s"] == pytest.approx(507 / hc.CHIPS["v6e"][3])
+    assert [t["name"] for t in r["top"]] == ["u", "cc"]
+    assert r["top"][0]["share"] == pytest.approx(500 / 507)
+
+
+def test_flops_of_dots_batched_convolutions_and_elementwise(mod):
+    items = {p.name: p for p in hc.price(mod, mod.entry)}
+    assert items["mmf"].flops == 2 * 8 * 128 * 256
+    # a batched matmul as a dilated convolution: 16 batches, one valid tap each:
+    # 2 x out(16 x 8 x 64) x in-features 32
+    assert items["cvf"].flops == 2 * 16 * 8 * 64 * 32
+    assert items["e"].flops == 8 * 128  # one per element
+    assert items["cc"].flops == 0 and items["cc"].bytes == 0  # custom calls at 0
+
+
+def test_bytes_count_slices_and_in_place_updates(mod):
+    items = {p.name: p for p in hc.price(mod, mod.entry)}
+    # the dot fusion reads x, one dynamic slice of the stacked weight, writes f32[8,128]
+    assert items["mmf"].bytes == 8 * 256 * 2 + 128 * 256 * 2 + 8 * 128 * 4
+    # the update fusion moves the row (read) and writes it in place, plus the index
+    assert items["u"].bytes == 128 * 2 + 4 + 128 * 2
+    assert items["e"].bytes == 2 * 8 * 128 * 4
+
+
+def test_roofline_sums_the_binding_side_per_instruction(mod):
+    items = [hc.Priced("a", "fusion", "", 2, 0, 1e12, 1e9),  # compute-bound: 2 x 1 s
+             hc.Priced("b", "fusion", "", 1, 0, 0.0, 4e9)]  # memory-bound: 2 s
+    s = hc.summarize(items, peak=1e12, bandwidth=2e9, clock=1e9)
+    assert s["roofline_s"] == pytest.approx(4.0)
+    assert s["compute_bound_s"] == pytest.approx(2.0) and s["memory_bound_s"] == 2.0
+    assert s["flops"] == 2e12 and s["bytes"] == 6e9
+
+
+def test_trip_count_inferred_from_the_condition_when_the_config_has_none():
+    # the TPU compiler writes no known_trip_count: the condition's `i < 3` (i from 0) gives it
+    text = _TEXT.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
+    mod = hs.parse_hlo(text)
+    loop = next(i for i in mod.computations["main"] if i.name == "lp")
+    assert loop.trip_count is None and hc.infer_trip_count(mod, "main", loop) == 3
+    decode = next(i for i in mod.computations["main"] if i.name == "dl")
+    assert hc.infer_trip_count(mod, "main", decode) is None  # a constant-false condition
+    items = {p.name: p for p in hc.price(mod, mod.entry)}
+    assert items["e"].runs == 3 and items["lt"].runs == 4
