@@ -206,9 +206,9 @@ def _unpacked_quantize(x, fmt):
 
 
 # XLA:CPU (jaxlib 0.10.2) capped below F16C (--xla_cpu_max_isa=SSE4_2 or AVX, or a CPU without
-# it) cannot link the FP4 sampler's programs: "LLVM compilation error: Symbols not found:
-# [ __extendhfsf2 ]" (issue 58).  An XLA defect, not a rounding one; strict, so the mark goes
-# when a jaxlib links them.
+# it) cannot link the FP4 sampler's programs, with the fusion emitters too: "LLVM compilation
+# error: Symbols not found: [ __extendhfsf2 ]" (issue 58).  An XLA defect, not a rounding one;
+# strict, so the mark goes when a jaxlib links them.
 _NO_F16C = re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)(\s|$)", os.environ.get("XLA_FLAGS", ""))
 
 

@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import NO_FUSION_EMITTERS
+from conftest import NO_F16C, NO_FUSION_EMITTERS
+
+from ais_jax.core import errors
 
 X = 1.7497942  # float32(1.7497942) < 1.75
 
@@ -44,6 +46,12 @@ def _child() -> str:
 
 def test_the_suite_compiles_at_level_0_with_the_elemental_emitters():
     assert np.float32(X) < np.float32(1.75)
+    if NO_F16C:  # --xla_cpu_max_isa=SSE4_2: XLA's defaults (tests/conftest.py)
+        assert not jax.config.values["jax_disable_most_optimizations"]
+        assert NO_FUSION_EMITTERS not in os.environ["XLA_FLAGS"].split()
+        assert _e2m1(X) == 1.5
+        assert _child() == ["False", "1.5"]
+        return
     assert jax.config.values["jax_disable_most_optimizations"]
     assert NO_FUSION_EMITTERS in os.environ["XLA_FLAGS"].split()
     # If this fails, XLA's elemental emitters no longer round FP4 twice: the FP4 tests
@@ -57,3 +65,33 @@ def test_a_marked_test_compiles_as_a_users_run():
     assert not jax.config.values["jax_disable_most_optimizations"]
     assert _e2m1(X) == 1.5  # round to nearest
     assert _child() == ["False", "1.5"]
+
+
+_LINK_CHILD = """
+import jax, jax.numpy as jnp, numpy as np
+from ais_jax.core.errors import xla_link_error
+try:
+    jax.jit(lambda x: x.astype(jnp.float8_e5m2))(np.ones(4, jnp.bfloat16)).block_until_ready()
+    print("linked")
+except Exception as e:
+    print("error:", xla_link_error(e))
+"""
+
+
+@pytest.mark.slow  # a fresh JAX process with an ISA cap: ~6 s
+def test_an_xla_link_failure_without_f16c_is_one_line():
+    """jaxlib 0.10.2's XLA:CPU cannot link bfloat16 -> float8_e5m2 in SSE4.2 code (no F16C):
+    the CLIs turn that compile error into one line naming the fixes (`xla_link_error`)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
+    out = subprocess.run([sys.executable, "-c", _LINK_CHILD], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip()
+    if line == "linked":  # a later jaxlib links it: the recognizer is then merely unused
+        pytest.xfail("this jaxlib links bfloat16 -> float8_e5m2 without F16C")
+    assert line.startswith("error: XLA:CPU could not link") and "\n" not in line
+    assert "rollout.precision=bf16" in line and "--xla_cpu_max_isa" in line
+    assert errors.xla_link_error(RuntimeError("out of memory")) is None
+    chained = ValueError("wrapper")
+    chained.__cause__ = RuntimeError("INTERNAL: Failed to materialize symbols: { (x, {f}) }")
+    assert isinstance(errors.xla_link_error(chained), errors.UsageError)

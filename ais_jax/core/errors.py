@@ -78,3 +78,36 @@ def storage_error(e: BaseException, path: str | None = None) -> StorageError | N
                                 "then rerun the same command to resume from the latest checkpoint")
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+# XLA:CPU's message when its JIT cannot resolve a symbol a compiled program calls.
+_LINK_FAILURE = "failed to materialize symbols"
+
+
+def xla_link_error(e: BaseException) -> UsageError | None:
+    """The `UsageError` that an XLA:CPU link failure ``e`` (or one it chains) amounts to.
+
+    jaxlib 0.10.2's XLA:CPU lowers some 16-bit float conversions (bfloat16 -> float8_e5m2, and
+    under its older elemental emitters every FP8 one) to calls of ``__extendhfsf2`` /
+    ``__truncsfhf2``, which its JIT does not link where the code may not use F16C
+    (``XLA_FLAGS=--xla_cpu_max_isa=SSE4_2``, or a CPU without F16C): compiling the program then
+    fails with "Failed to materialize symbols" (issue 58).
+
+    Args:
+      e: the exception a compile raised.
+
+    Returns:
+      A one-line `UsageError` naming the cause and the fixes, or None for any other error.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if _LINK_FAILURE in str(cur).lower():
+            return UsageError(
+                "XLA:CPU could not link a compiled program (a 16-bit float conversion needs "
+                "F16C, which this CPU or the XLA_FLAGS --xla_cpu_max_isa cap lacks): drop the "
+                "--xla_cpu_max_isa cap or --xla_cpu_use_fusion_emitters=false, or use "
+                "rollout.precision=bf16 (or rollout.fp8_format=e4m3) on this CPU")
+        cur = cur.__cause__ or cur.__context__
+    return None

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Sequence
 
 from ais_jax.core import storage
-from ais_jax.core.errors import StorageError, UsageError, storage_error
+from ais_jax.core.errors import StorageError, UsageError, storage_error, xla_link_error
 from ais_jax.run.loop import RunResult, run
 from ais_jax.run.multihost import PeerFailed, peer_lost, release_dead_main_lock
 from ais_jax.run.signals import Interrupted
@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A full disk, a quota, permissions or a bad path, wherever it was raised (orbax,
         # safetensors, trackers): the user's to fix; written checkpoints are intact.
         out_dir = cfg.out_dir if "cfg" in locals() else None
-        se = storage_error(e, out_dir) or storage.remote_failure(e, out_dir)  # gs:// too
+        se = (storage_error(e, out_dir) or storage.remote_failure(e, out_dir)  # gs:// too
+              or xla_link_error(e))  # XLA:CPU without F16C (issue 58)
         if se is None:
             _exit_multi_process(e)
             raise

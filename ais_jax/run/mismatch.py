@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ais_jax.core.errors import UsageError
+from ais_jax.core.errors import UsageError, xla_link_error
 from ais_jax.run.mismatch_report import diagnostics, encode_prompts, format_table
 
 RANDOM_TINY = "random:tiny"
@@ -249,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ValueError as e:  # sampler / model input checks: one sentence each
         print(f"mismatch: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except Exception as e:  # XLA:CPU without F16C (issue 58); anything else keeps its traceback
+        link = xla_link_error(e)
+        if link is None:
+            raise
+        print(f"mismatch: error: {link}", file=sys.stderr)
         return 2
     trainer = out["trainer_dtype"]
     print(f"model {out['model']}: {out['num_prompts']} prompts x {out['samples']} samples, "
