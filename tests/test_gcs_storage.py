@@ -203,6 +203,46 @@ def test_endpoint_gone_is_one_line_naming_the_object(gcs_emulator, monkeypatch):
         gcsfs.GCSFileSystem.clear_instance_cache()
 
 
+@pytest.mark.slow  # a run refused twice and two refused saves (~5 s on 2 shared cores)
+def test_denied_and_no_credentials_end_to_end_one_line_checkpoint_kept(
+    gcs_emulator, gcs_bucket, tmp_path, monkeypatch, capsys
+):
+    from _gcs import refuse
+    from _tiny import TINY_RUN
+
+    from ais_jax.run import cli
+
+    monkeypatch.chdir(tmp_path)
+    run = f"{gcs_bucket}/run"
+    m = ckpt.open_manager(run, keep=3)
+    assert ckpt.save(m, 1, _tree(1.0))
+    ckpt.close(m)
+    argv = [f"out_dir={run}", *TINY_RUN, "train.steps=1"]
+    says = {403: "permission denied; grant", 401: "no usable credentials; run `gcloud auth"}
+    try:
+        for code, text in says.items():  # the bucket refuses as GCS does (tests/_gcs_server.py)
+            refuse(gcs_emulator, gcs_bucket, code)
+            assert cli.main(argv) == 2  # refused before any work
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and err.startswith(f"error: {run}: "), err
+            assert text in err, err
+            refuse(gcs_emulator, gcs_bucket, code, writes_only=True)  # revoked mid-run
+            m = ckpt.open_manager(run, keep=3)
+            with pytest.raises(StorageError) as e, ckpt.closed_on_error(m):  # as a run does
+                ckpt.save(m, 2, _tree(2.0))
+            assert len(str(e.value).splitlines()) == 1, str(e.value)
+            assert str(e.value).startswith(f"{run}/checkpoints/2: ") and text in str(e.value)
+    finally:
+        refuse(gcs_emulator, gcs_bucket, None)
+    m = ckpt.open_manager(run, keep=3)
+    assert ckpt.all_steps(m) == [1]  # the last good checkpoint: intact, restorable
+    integrity.verify_checksums(f"{run}/checkpoints/1")
+    got = ckpt.restore(m, 1, _tree(0.0))
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.full(4, 1.0, np.float32))
+    ckpt.close(m)
+    assert os.listdir(tmp_path) == []
+
+
 def test_bucket_sources_pass_the_config_checks_other_schemes_do_not(gcs_emulator):
     cfg = load_config(None, ["model.source=gs://bucket/Qwen3-0.6B", "out_dir=gs://bucket/run"])
     assert cfg.model.source == "gs://bucket/Qwen3-0.6B"  # no local existence check
