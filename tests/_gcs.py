@@ -32,21 +32,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_emulator(port: int | None = None) -> tuple[subprocess.Popen, str]:
-    """Start the emulator in memory; returns ``(process, http://127.0.0.1:PORT)`` once it
-    answers, the variables set in ``os.environ``."""
+def start_emulator(
+    port: int | None = None, data_dir: str | None = None
+) -> tuple[subprocess.Popen, str]:
+    """Start the emulator, in memory or (``data_dir``) keeping its objects in that folder, so
+    that one started again on the same folder and port serves them again; returns
+    ``(process, http://127.0.0.1:PORT)`` once it answers, the variables set in ``os.environ``."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
+    where = ["--in-memory"] if data_dir is None else []
     proc = subprocess.Popen(
         [
             sys.executable,
             SERVER,
+            *(["--data-dir", data_dir] if data_dir else []),
             "start",
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--in-memory",
+            *where,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -85,3 +90,15 @@ def make_bucket(url: str, name: str) -> str:
     )
     urllib.request.urlopen(req, timeout=10).read()
     return f"gs://{name}"
+
+
+def refuse(url: str, bucket: str, code: int | None, writes_only: bool = False) -> None:
+    """Make the emulator at ``url`` answer every request on ``bucket`` (or every write) with
+    ``code`` (403: permission denied, 401: no usable credentials), or serve it again (None)."""
+    name = bucket.removeprefix("gs://")
+    tail = "/writes" if writes_only else ""
+    req = urllib.request.Request(
+        f"{url}/_ais/refuse/{name}/{code or 403}{tail}",
+        method="DELETE" if code is None else "POST",
+    )
+    urllib.request.urlopen(req, timeout=10).read()

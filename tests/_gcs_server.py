@@ -5,11 +5,17 @@ lacks and the runs rely on, added in this process only:
   as 0 and its next conditional write (OCDBT's manifest, as orbax saves) fails with
   "Malformed StorageGeneration";
 * uploads honour ``ifGenerationMatch=0`` (create only if absent): 412 when the object exists,
-  as GCS answers (the run lock relies on it).
+  as GCS answers (the run lock relies on it);
+* a refused bucket (`refuse` in tests/_gcs.py: ``POST /_ais/refuse/<bucket>/<code>``, undone
+  by ``DELETE``) answers every request with GCS's 403 (the account lacks the permission) or
+  401 (no usable credentials), as GCS does when access is revoked or the token is missing:
+  the runs' one-line errors for both, end to end.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import threading
 from http import HTTPStatus
@@ -20,10 +26,26 @@ from gcp_storage_emulator.handlers import objects
 _local = threading.local()
 _download, _insert = objects.download, objects.insert
 _create_file = storage_mod.Storage.create_file
+_CONTROL = re.compile(r"/_ais/refuse/([^/]+)/(401|403)(/writes)?")
+_BUCKET = re.compile(r"/b/([^/?]+)")
+_MESSAGES = {
+    401: "Anonymous caller does not have storage.objects.get access to the bucket",
+    403: "the caller does not have storage.objects.create access to the bucket",
+}
+_refused: dict[str, tuple[int, bool]] = {}  # bucket -> (the status it answers, writes only)
 
 
 class _ExistsError(Exception):
     pass
+
+
+def _answer(h, code: int, obj: dict) -> None:
+    body = json.dumps(obj).encode()
+    h.send_response(code)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
 
 
 def download(request, response, storage, *args, **kwargs):
@@ -58,8 +80,30 @@ def create_file(self, bucket_name, file_name, content, file_obj, file_id=None):
     return _create_file(self, bucket_name, file_name, content, file_obj, file_id)
 
 
+def handle(self, method):
+    h = self._request_handler
+    control = _CONTROL.fullmatch(h.path)
+    if control is not None:  # the tests' switch
+        name, code = control.group(1), int(control.group(2))
+        if method == "DELETE":
+            _refused.pop(name, None)
+        else:
+            _refused[name] = (code, control.group(3) is not None)
+        return _answer(h, 200, {})
+    bucket = _BUCKET.search(h.path)
+    code, writes_only = _refused.get(bucket.group(1), (None, False)) if bucket else (None, 0)
+    if code is None or (writes_only and method == "GET"):
+        return _handle(self, method)
+    h.rfile.read(int(h.headers.get("content-length") or 0))  # the upload's body, unread
+    return _answer(h, code, {"error": {"code": code, "message": _MESSAGES[code]}})
+
+
 objects.download, objects.insert = download, insert
 storage_mod.Storage.create_file = create_file
+# the routes keep the handlers they were given when imported: only after the patches above
+from gcp_storage_emulator import server as server_mod  # noqa: E402
+
+_handle, server_mod.Router.handle = server_mod.Router.handle, handle
 
 if __name__ == "__main__":
     from gcp_storage_emulator.__main__ import main  # imports the routes: after the patches

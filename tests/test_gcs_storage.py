@@ -203,6 +203,98 @@ def test_endpoint_gone_is_one_line_naming_the_object(gcs_emulator, monkeypatch):
         gcsfs.GCSFileSystem.clear_instance_cache()
 
 
+@pytest.mark.slow  # a run refused twice and two refused saves (~5 s on 2 shared cores)
+def test_denied_and_no_credentials_end_to_end_one_line_checkpoint_kept(
+    gcs_emulator, gcs_bucket, tmp_path, monkeypatch, capsys
+):
+    from _gcs import refuse
+    from _tiny import TINY_RUN
+
+    from ais_jax.run import cli
+
+    monkeypatch.chdir(tmp_path)
+    run = f"{gcs_bucket}/run"
+    m = ckpt.open_manager(run, keep=3)
+    assert ckpt.save(m, 1, _tree(1.0))
+    ckpt.close(m)
+    argv = [f"out_dir={run}", *TINY_RUN, "train.steps=1"]
+    says = {403: "permission denied; grant", 401: "no usable credentials; run `gcloud auth"}
+    try:
+        for code, text in says.items():  # the bucket refuses as GCS does (tests/_gcs_server.py)
+            refuse(gcs_emulator, gcs_bucket, code)
+            assert cli.main(argv) == 2  # refused before any work
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and err.startswith(f"error: {run}: "), err
+            assert text in err, err
+            refuse(gcs_emulator, gcs_bucket, code, writes_only=True)  # revoked mid-run
+            m = ckpt.open_manager(run, keep=3)
+            with pytest.raises(StorageError) as e, ckpt.closed_on_error(m):  # as a run does
+                ckpt.save(m, 2, _tree(2.0))
+            assert len(str(e.value).splitlines()) == 1, str(e.value)
+            assert str(e.value).startswith(f"{run}/checkpoints/2: ") and text in str(e.value)
+    finally:
+        refuse(gcs_emulator, gcs_bucket, None)
+    m = ckpt.open_manager(run, keep=3)
+    assert ckpt.all_steps(m) == [1]  # the last good checkpoint: intact, restorable
+    integrity.verify_checksums(f"{run}/checkpoints/1")
+    got = ckpt.restore(m, 1, _tree(0.0))
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.full(4, 1.0, np.float32))
+    ckpt.close(m)
+    assert os.listdir(tmp_path) == []
+
+
+# The CLI, its run replaced by two checkpoint saves into a bucket; the endpoint is killed as
+# the second starts (orbax's TensorStore writes in flight, retrying with their own backoff).
+_CUT_OFF_MID_SAVE = """
+import asyncio, os, signal, sys
+import gcsfs, jax.numpy as jnp, orbax.checkpoint as ocp
+from ais_jax.run import checkpoint as ckpt, cli
+real_sleep, real_save = asyncio.sleep, ocp.CheckpointManager.save
+async def no_wait(delay, *a, **k):  # gcsfs's backoff, not waited (its tries are made)
+    await real_sleep(0)
+gcsfs.retry.asyncio.sleep = no_wait
+def save(self, step, *a, **k):
+    if step == 2:
+        os.kill(int(os.environ["EMULATOR_PID"]), signal.SIGKILL)
+    return real_save(self, step, *a, **k)
+ocp.CheckpointManager.save = save
+def run(cfg, overwrite=False):
+    m = ckpt.open_manager(cfg.out_dir, keep=3)
+    for step in (1, 2):
+        ckpt.save(m, step, {"w": jnp.full((4,), float(step))})
+cli.run = run
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a child process: ~6 s on 2 cores (without the exit: minutes)
+def test_endpoint_gone_mid_save_ends_the_cli_with_one_line(gcs_emulator, tmp_path, monkeypatch):
+    from _gcs import make_bucket, start_emulator
+    from _tiny import child_env
+
+    for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):
+        monkeypatch.setenv(k, os.environ[k])  # restored after the private emulator
+    proc, url = start_emulator()
+    try:
+        run = make_bucket(url, "ais-cut") + "/run"
+        child = subprocess.run(
+            [sys.executable, "-c", _CUT_OFF_MID_SAVE, f"out_dir={run}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**child_env(), "EMULATOR_PID": str(proc.pid)},
+            cwd=tmp_path,
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert child.returncode == 2, child.stderr[-3000:]
+    err = [line for line in child.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and err[0].startswith(f"error: {run}/checkpoints"), child.stderr[-3000:]
+    assert "does not answer" in err[0]
+    assert os.listdir(tmp_path) == []
+
+
 def test_bucket_sources_pass_the_config_checks_other_schemes_do_not(gcs_emulator):
     cfg = load_config(None, ["model.source=gs://bucket/Qwen3-0.6B", "out_dir=gs://bucket/run"])
     assert cfg.model.source == "gs://bucket/Qwen3-0.6B"  # no local existence check

@@ -89,3 +89,50 @@ def test_tokenizer_from_a_bucket_leaves_the_weights_there(gcs_bucket, tmp_path, 
     tok = load_tokenizer(remote)
     assert tok("hi there")["input_ids"] == [1, 2]
     assert read and not [p for p in read if p.endswith(".safetensors")]
+
+
+def test_llada_dir_from_a_bucket_equals_the_local_copy(gcs_bucket, tmp_path, monkeypatch):
+    from ais_jax.config.load import load_config
+    from ais_jax.models.llada import checkpoint as llada_ckpt
+    from ais_jax.models.llada.model import LLaDAConfig, init_params
+    from ais_jax.tasks import CharTokenizer
+    from ais_jax.training.build import build_llada, build_task, model_kind
+
+    tok = CharTokenizer()  # a LLaDA policy exported by a scratch run: its tokenizer beside it
+    cfg = LLaDAConfig(
+        vocab_size=tok.vocab_size + 1, hidden_size=32, intermediate_size=64, num_layers=2,
+        num_heads=2, num_kv_heads=1, mask_token_id=tok.vocab_size,
+        text_vocab_size=tok.vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+    )  # fmt: skip
+    llada_ckpt.save(str(tmp_path / "l"), init_params(jax.random.key(0), cfg), cfg)
+    tok.save(str(tmp_path / "l"))
+    remote = _upload(tmp_path / "l", f"{gcs_bucket}/LLaDA-tiny")
+    monkeypatch.chdir(tmp_path / "l")  # nothing may be written locally while loading
+    before = sorted(os.listdir("."))
+    want, want_cfg = llada_ckpt.load(str(tmp_path / "l"))
+    got, got_cfg = llada_ckpt.load(remote)
+    assert got_cfg == want_cfg == cfg
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert llada_ckpt.is_llada_dir(remote) and not llada_ckpt.is_llada_dir(f"{gcs_bucket}/none")
+    run_cfg = load_config(None, [f"model.source={remote}", "task.prompt_style=compact"])
+    assert model_kind(run_cfg) == "llada"  # model.kind=auto reads the bucket's config.json
+    params, _, codec = build_llada(run_cfg, build_task(run_cfg, None))  # as a run starts
+    assert isinstance(codec.tokenizer, CharTokenizer)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b.astype(a.dtype)), params, want)
+    assert source_digest(remote) == source_digest(str(tmp_path / "l"))
+    assert sorted(os.listdir(".")) == before
+
+
+def test_gguf_in_a_bucket_is_refused_with_its_fix(gcs_bucket, tmp_path, monkeypatch, capsys):
+    from _tiny import TINY_RUN
+
+    from ais_jax.run import cli
+
+    monkeypatch.chdir(tmp_path)
+    src = f"{gcs_bucket}/SmolLM2.Q4_1.gguf"
+    argv = [f"out_dir={tmp_path / 'run'}", *TINY_RUN, f"model.source={src}"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"model.source {src!r}: GGUF files are not read from a bucket; copy it to" in err
+    assert os.listdir(tmp_path) == []  # refused before anything is written

@@ -100,6 +100,11 @@ def _validate_choices(cfg: Config) -> None:
 def _validate_model_task(m: ModelSection, t: TaskSection) -> None:
     if storage.is_remote(m.source):  # a bucket: read in ranges (models/weight_files.py)
         storage.check_served(m.source, "model.source")
+        _require(
+            not m.source.rstrip("/").lower().endswith(".gguf"),
+            f"model.source {clip(m.source, PATH_CHARS)}: GGUF files are not read from a "
+            "bucket; copy it to local disk (gcloud storage cp) and set model.source to the copy",
+        )
     elif m.source not in SPECIAL_SOURCES:
         _check_path("model.source", m.source)
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")

@@ -115,7 +115,7 @@ def _load_hf_dir(path: str, dtype: Any, check_finite: bool,
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         files = shard_files(path, index, weight_map)
     else:
-        found = _safetensors_in(path)
+        found = weight_files.safetensors_in(path)
         if len(found) != 1:
             raise CheckpointError(f"{path} holds {len(found)} *.safetensors files and no "
                                   "model.safetensors.index.json; provide model.safetensors "
@@ -185,14 +185,6 @@ def _load_gguf(path: str, dtype: Any, check_finite: bool,
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz")
 
 
-def _safetensors_in(path: str) -> list[str]:
-    """The ``*.safetensors`` files directly in the directory ``path`` (or bucket prefix)."""
-    if not storage.is_remote(path):
-        return sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    return [storage.join(path, f) for f in storage.files(path)
-            if "/" not in f and f.endswith(".safetensors")]
-
-
 def load_pretrained(
     path: str | os.PathLike, dtype: Any = jnp.bfloat16, *, check_finite: bool = True,
     shardings: Shardings = None,
@@ -227,7 +219,8 @@ def load_pretrained(
     if storage.is_remote(path):  # an HF directory in a bucket, read in ranges
         if not weight_files.isfile(storage.join(path, "config.json")):
             raise CheckpointError(f"{path} holds no config.json; point model.source at an HF "
-                                  "checkpoint directory in the bucket (GGUF files: copy locally)")
+                                  "checkpoint directory in the bucket (GGUF files are not read "
+                                  "from a bucket: copy them to local disk)")
         return _load_hf_dir(path, dtype, check_finite, shardings)
     if os.path.isdir(path):
         ggufs = glob.glob(os.path.join(path, "*.gguf"))

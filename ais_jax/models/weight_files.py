@@ -11,6 +11,7 @@ or tensor and the fix: a ``config.json`` / index that is missing or not JSON
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 from collections.abc import Callable
@@ -118,6 +119,15 @@ class SafetensorsFiles:
 def isfile(path: str) -> bool:
     """Whether ``path`` is a file (a bucket: an object, `ais_jax.core.storage`)."""
     return storage.exists(path) if storage.is_remote(path) else os.path.isfile(path)
+
+
+def safetensors_in(path: str) -> list[str]:
+    """The ``*.safetensors`` files directly in the directory ``path`` (or bucket prefix),
+    sorted."""
+    if not storage.is_remote(path):
+        return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    return [storage.join(path, f) for f in storage.files(path)
+            if "/" not in f and f.endswith(".safetensors")]
 
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",

@@ -112,10 +112,17 @@ def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
 
 
 def all_steps(manager: ocp.CheckpointManager) -> list[int]:
-    """Finalized checkpoint steps, ascending (temporary, unfinished saves are not listed)."""
-    storage.refresh(os.fspath(manager.directory))
-    manager.reload()
-    return sorted(manager.all_steps())
+    """Finalized checkpoint steps, ascending (temporary, unfinished saves are not listed).
+
+    Raises:
+      StorageError: the store refused the listing (a bucket: permission, credentials, the
+        endpoint gone), in one line naming the directory.
+    """
+    directory = os.fspath(manager.directory)
+    with storage.translated(directory):
+        storage.refresh(directory)
+        manager.reload()
+        return sorted(manager.all_steps())
 
 
 def latest_step(manager: ocp.CheckpointManager) -> int | None:

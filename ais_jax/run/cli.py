@@ -37,10 +37,15 @@ def _init_distributed(flag: bool, timeout_s: float = 60.0) -> None:
     init_distributed(flag, timeout_s)  # bounded by runtime.init_timeout_s
 
 
-def _quiet_until_exit() -> None:
+def _quiet_until_exit(out_dir: str | None = None) -> None:
     """After a storage failure orbax's background threads go on logging it (hundreds of lines)
     until the process exits: point file descriptor 2 at /dev/null. Only in the CLI process
-    (stderr is descriptor 2), which is about to exit with status 2, its one line printed."""
+    (stderr is descriptor 2), which is about to exit with status 2, its one line printed.
+
+    A bucket ``out_dir``: the writes orbax still has in flight (TensorStore) retry with their
+    own backoff for many minutes when the endpoint is gone, and the interpreter's exit would
+    wait for them; the process ends here with status 2 (the checkpoints written before are
+    complete; the one in flight never got its commit marker)."""
     try:
         if sys.stderr.fileno() != 2:
             return
@@ -50,6 +55,9 @@ def _quiet_until_exit() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
+    if out_dir is not None and storage.is_remote(out_dir):
+        sys.stdout.flush()
+        os._exit(2)
 
 
 def _one_line(e: BaseException) -> str:
@@ -117,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
         if isinstance(e, StorageError):
-            _quiet_until_exit()
+            _quiet_until_exit(cfg.out_dir if "cfg" in locals() else None)
         return 2
     except PeerFailed as e:  # process 0 failed (its traceback is on its own stderr)
         print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
@@ -135,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _exit_multi_process(e)
             raise
         print(f"error: {_one_line(se)}", file=sys.stderr, flush=True)
-        _quiet_until_exit()
+        _quiet_until_exit(out_dir)
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the latest checkpoint",

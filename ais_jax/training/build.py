@@ -9,7 +9,6 @@ Bad input found here raises `ais_jax.core.errors.UsageError` (one line).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -256,7 +255,7 @@ def build_llada(cfg: Config, task: Any, mesh: Mesh | None = None) -> tuple[Any, 
     except (OSError, ValueError) as e:
         raise UsageError(f"model.source {mc.source}: {e}; point it at a LLaDA checkpoint "
                          "directory (config.json + model.safetensors)") from None
-    if os.path.isfile(os.path.join(mc.source, "char_tokenizer.json")):
+    if weight_files.isfile(storage.join(mc.source, "char_tokenizer.json")):  # a bucket too
         tok = CharTokenizer.load(mc.source)  # a LLaDA policy exported by a scratch run
         return params, lcfg, PromptCodec(tok, cfg.task.prompt_style, task, tok.pad_id,
                                          (tok.eos_id,))

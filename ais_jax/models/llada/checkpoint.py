@@ -15,7 +15,6 @@ naming shards outside the directory are each a one-line `CheckpointError`.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
 import numpy as np
 
+from ais_jax.core import storage
 from ais_jax.core.errors import CheckpointError
 from ais_jax.models import weight_files
 from ais_jax.models.llada.model import LAYER_PARAMS, LLaDAConfig, hf_name, param_table
@@ -127,10 +127,14 @@ def config_to_dict(cfg: LLaDAConfig) -> dict:
 
 
 def is_llada_dir(path: str) -> bool:
-    """Whether ``path`` is a directory whose ``config.json`` is a LLaDA (OLMo-style) config."""
+    """Whether ``path`` is a directory (or bucket prefix) whose ``config.json`` is a LLaDA
+    (OLMo-style) config.
+
+    Raises:
+      StorageError: a bucket refused the read (permission, credentials, no endpoint).
+    """
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            d = json.load(f)
+        d = json.loads(storage.read_text(storage.join(path, "config.json")))
     except (OSError, ValueError):
         return False
     return isinstance(d, dict) and (d.get("model_type") == "llada" or "d_model" in d)
@@ -139,12 +143,11 @@ def is_llada_dir(path: str) -> bool:
 def _tensor_files(path: str) -> dict[str, str] | None:
     """Tensor name -> safetensors file from the directory's index (shards checked), or None
     when it has no index (then every ``*.safetensors`` file is read, and there must be one)."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    index = storage.join(path, "model.safetensors.index.json")
+    if weight_files.isfile(index):
         data = read_json(index)
         return shard_files(path, index, data.get("weight_map") if isinstance(data, dict) else None)
-    found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not found:
+    if not weight_files.safetensors_in(path):
         raise CheckpointError(f"no *.safetensors file in {path}; a LLaDA checkpoint directory "
                               "needs model.safetensors (pickled .bin checkpoints are not read)")
     return None
@@ -152,7 +155,8 @@ def _tensor_files(path: str) -> dict[str, str] | None:
 
 def load(path: str, dtype: Any = jnp.float32, *, check_finite: bool = True,
          shardings: Callable[[LLaDAConfig], Any] | None = None) -> tuple[dict, LLaDAConfig]:
-    """Load a LLaDA checkpoint directory.
+    """Load a LLaDA checkpoint directory (or ``gs://`` prefix: read in ranges, as
+    `ais_jax.models.pretrained.load_pretrained` reads a bucket).
 
     The files get the checks of the autoregressive loader
     (`ais_jax.models.pretrained.load_pretrained`, through `ais_jax.models.weight_files`).
@@ -177,14 +181,14 @@ def load(path: str, dtype: Any = jnp.float32, *, check_finite: bool = True,
         safetensors file, a tensor missing or of the wrong shape, or non-finite
         weights (one line each; a `ValueError` subclass).
     """
-    cfg = config_from_dict(read_json(os.path.join(path, "config.json")))
+    cfg = config_from_dict(read_json(storage.join(path, "config.json")))
     indexed = _tensor_files(path)
     files = {} if indexed is None else indexed
     np_dtype = np.dtype(jnp.dtype(dtype))
     with contextlib.ExitStack() as stack:
         handle = SafetensorsFiles(stack)
         if indexed is None:
-            for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+            for file in weight_files.safetensors_in(path):
                 files.update((n, file) for n in handle(file).keys())  # noqa: SIM118
 
         def get(name: str, shape: tuple[int, ...]) -> weight_files.LazyTensor:
