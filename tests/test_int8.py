@@ -35,9 +35,10 @@ def test_quantize_rounds_half_to_even_and_saturates_symmetric():
     # a given scale: beyond 127 x scale saturates to +-127, never wraps to -128
     s = int8.quantize_static(jnp.array([1e6, -1e6, 254.0, -1.0]), jnp.float32(2.0))
     assert s.value.tolist() == [127, -127, 127, 0] and s.act_scaling == "prefill"
-    # all-zero slice: scale 1, zeros
+    # all-zero slice: the floor scale (float32's smallest normal), zeros
     z = int8.quantize(jnp.zeros((2, 3)), axes=-1)
-    assert z.scale.tolist() == [[1.0], [1.0]] and not z.value.any()
+    assert z.scale.tolist() == [[int8.SCALE_FLOOR]] * 2 and not z.value.any()
+    assert int8.SCALE_FLOOR == float(np.finfo(np.float32).tiny)
 
 
 def test_per_channel_weight_scales_and_valid_rows():

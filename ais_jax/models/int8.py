@@ -29,6 +29,9 @@ from ais_jax.models.qarray import QuantArray
 
 INT8 = jnp.int8
 QMAX = 127.0  # symmetric: [-127, 127]
+# smallest dynamic scale: float32's smallest normal number, so a scale is never zero or
+# subnormal (TPUs flush subnormals) and ``x / scale`` never divides by zero
+SCALE_FLOOR = float(jnp.finfo(jnp.float32).tiny)
 
 
 def is_int8(dtype: Any) -> bool:
@@ -60,16 +63,28 @@ def quantize(x: jax.Array, *, axes: int | Sequence[int] | None = None,
       valid: optional bool mask broadcastable to ``x``: only these entries set the amax.
 
     Returns:
-      `QuantArray`: int8 ``value`` (``x``'s shape), float32 ``scale`` (keepdims); an
-      all-zero slice gets scale 1.
+      `QuantArray`: int8 ``value`` (``x``'s shape), float32 ``scale`` (keepdims), at
+      least `SCALE_FLOOR` (an all-zero slice: scale `SCALE_FLOOR`, values 0).
     """
     xf = x.astype(jnp.float32)
     if axes is None:
         axes = tuple(range(x.ndim))
     ax = jnp.abs(xf) if valid is None else jnp.where(valid, jnp.abs(xf), 0.0)
-    amax = jnp.max(ax, axis=axes, keepdims=True)
-    scale = jnp.where(amax > 0, amax / QMAX, 1.0).astype(jnp.float32)
+    scale = amax_scale(ax, axes)
     return QuantArray(value=round_clip(xf / scale), scale=scale, act_scaling=act_scaling)
+
+
+def amax_scale(ax: jax.Array, axes: int | Sequence[int]) -> jax.Array:
+    """``max(amax / 127, SCALE_FLOOR)`` over ``axes`` of ``ax = |x|`` (keepdims), float32.
+
+    One reduction and nothing after it: ``max_i fl(|x_i| / 127) == fl(max_i |x_i| / 127)``
+    (division by a positive constant is monotone), and the floor is the reduction's
+    initial value, so the scale is the reduction's own output (no ``where(amax > 0)``
+    kernel).  Equal to ``amax / 127`` whenever ``amax >= 127 * SCALE_FLOOR``.
+    """
+    axes = tuple(a % ax.ndim for a in ((axes,) if isinstance(axes, int) else axes))
+    scale = jax.lax.reduce(ax / QMAX, jnp.float32(SCALE_FLOOR), jax.lax.max, axes)
+    return jnp.expand_dims(scale, axes)
 
 
 def quantize_static(x: jax.Array, scale: jax.Array) -> QuantArray:

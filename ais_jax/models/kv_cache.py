@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models.fp8 import E4M3, QuantArray, dequantize, quantize, quantize_static
-from ais_jax.models.int8 import INT8
+from ais_jax.models.int8 import INT8, is_int8
 from ais_jax.models.layout import ModelConfig
 
 # Stored layout of one layer's keys / values: a permutation of the logical
@@ -125,6 +125,11 @@ def is_fixed_scale(c: Any) -> bool:
     return isinstance(c, QuantArray) and c.act_scaling == "prefill"
 
 
+def is_per_token_int8(c: Any) -> bool:
+    """Whether a cache buffer is int8 with one scale per (row, token) (read as a `ScaledView`)."""
+    return isinstance(c, QuantArray) and not is_fixed_scale(c) and is_int8(c.value.dtype)
+
+
 def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Array) -> Any:
     """Write logical ``new`` into a stored buffer ``c`` at slot ``index``.
 
@@ -156,11 +161,14 @@ def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Arra
 
 
 class ScaledView(NamedTuple):
-    """A fixed-scale FP8 cache layer as the attention reads it: ``x * scale``.
+    """A quantized cache layer as the attention reads it: ``x * scale``, never materialized.
 
-    ``x``: ``[B, S, K, H]`` float8 values converted exactly to the compute dtype
-    (the convert fuses into the attention matmul); ``scale``: float32 scalar,
-    applied to the matmul's float32 result (`ais_jax.models.attention.reference`).
+    ``x``: ``[B, S, K, H]`` float8 / int8 values converted exactly to the compute
+    dtype (the convert fuses into the attention matmul); ``scale``: float32, either
+    a scalar (a fixed-scale cache, `is_fixed_scale`: applied to the matmul's
+    float32 result) or ``[B, S]``, one per (row, token) (an int8 cache: the key
+    scale multiplies the scores, the value scale the probabilities;
+    `ais_jax.models.attention.reference`).
     """
 
     x: jax.Array
@@ -172,8 +180,9 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
 
     ``layer``: a layer index of the stacked buffer ``c``; None: ``c`` is one layer.
     The view's transposition folds into the attention matmuls (no copy).  A
-    fixed-scale FP8 buffer (`is_fixed_scale`) gives a `ScaledView` instead (no
-    dequantized copy of the cache).
+    fixed-scale FP8 buffer (`is_fixed_scale`) gives a `ScaledView` with a scalar
+    scale, an int8 buffer with per-(row, token) scales one with ``[B, S]`` scales
+    (`is_per_token_int8`): no dequantized copy of the cache.
     """
     if layer is not None:
         c = jax.tree_util.tree_map(
@@ -181,6 +190,9 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
     order = tuple(perm.index(i) for i in range(4))
     if is_fixed_scale(c):
         return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(()))
+    if is_per_token_int8(c):  # the scales fold into the scores / probabilities
+        B, S = c.value.shape[perm.index(0)], c.value.shape[perm.index(1)]
+        return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(B, S))
     x = dequantize(c, dtype) if isinstance(c, QuantArray) else c.astype(dtype)
     return jnp.transpose(x, order)
 
