@@ -50,8 +50,13 @@ def round_clip(y: jax.Array) -> jax.Array:
     return jnp.clip(jnp.round(y), -QMAX, QMAX).astype(INT8)
 
 
-def quantize(x: jax.Array, *, axes: int | Sequence[int] | None = None,
-             act_scaling: str = "tensor", valid: jax.Array | None = None) -> QuantArray:
+def quantize(
+    x: jax.Array,
+    *,
+    axes: int | Sequence[int] | None = None,
+    act_scaling: str = "tensor",
+    valid: jax.Array | None = None,
+) -> QuantArray:
     """Dynamic symmetric int8 quantization: ``scale = amax / 127``, ``q = round(x / scale)``.
 
     Args:
@@ -91,8 +96,9 @@ def quantize_static(x: jax.Array, scale: jax.Array) -> QuantArray:
     """Int8 quantization with a given float32 ``scale`` (broadcastable; no reduction);
     ``act_scaling="prefill"`` on the result."""
     scale = jnp.asarray(scale, jnp.float32)
-    return QuantArray(value=round_clip(x.astype(jnp.float32) / scale), scale=scale,
-                      act_scaling="prefill")
+    return QuantArray(
+        value=round_clip(x.astype(jnp.float32) / scale), scale=scale, act_scaling="prefill"
+    )
 
 
 def prefill_scale(amax: jax.Array, headroom: float) -> jax.Array:
@@ -104,12 +110,19 @@ def prefill_scale(amax: jax.Array, headroom: float) -> jax.Array:
 def int_matmul(xq: jax.Array, wq: jax.Array) -> jax.Array:
     """Exact integer GEMM ``xq @ wq.T``: int8 ``[..., in]`` x int8 ``[out, in]`` -> int32
     ``[..., out]`` (int32 accumulation; exact for ``in < 2**31 / 127**2``, about 133k)."""
-    return jax.lax.dot_general(xq, wq, (((xq.ndim - 1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.int32)
+    return jax.lax.dot_general(
+        xq, wq, (((xq.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
 
 
-def qdot(x: jax.Array, w: QuantArray, *, out_dtype: Any | None = None,
-         valid: jax.Array | None = None, act_scale: jax.Array | None = None) -> jax.Array:
+def qdot(
+    x: jax.Array,
+    w: QuantArray,
+    *,
+    out_dtype: Any | None = None,
+    valid: jax.Array | None = None,
+    act_scale: jax.Array | None = None,
+) -> jax.Array:
     """W8A8 matmul ``x @ w.T``: int8 activations x int8 weights, int32 accumulation, float32
     epilogue ``acc * s_x * s_w``.
 

@@ -101,17 +101,24 @@ def init_cache(
     def empty(perm: tuple, fixed: Any) -> Any:
         shape = (L, *(logical[p] for p in perm))
         if fp8 and fixed is not None:
-            return QuantArray(value=jnp.zeros(shape, qdtype), act_scaling="prefill",
-                              scale=jnp.asarray(fixed, jnp.float32).reshape(L, 1, 1, 1, 1))
+            return QuantArray(
+                value=jnp.zeros(shape, qdtype),
+                act_scaling="prefill",
+                scale=jnp.asarray(fixed, jnp.float32).reshape(L, 1, 1, 1, 1),
+            )
         if fp8:
             scale = (L, *((batch, length, 1, 1)[p] for p in perm))
             return QuantArray(value=jnp.zeros(shape, qdtype), scale=jnp.ones(scale, jnp.float32))
         return jnp.zeros(shape, dtype)
 
     sk, sv = (None, None) if kv_scales is None else kv_scales
-    return KVCache(k=empty(K_LAYOUT, sk), v=empty(V_LAYOUT, sv),
-                   valid=jnp.zeros((batch, length), jnp.bool_),
-                   pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+    return KVCache(
+        k=empty(K_LAYOUT, sk),
+        v=empty(V_LAYOUT, sv),
+        valid=jnp.zeros((batch, length), jnp.bool_),
+        pos=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
 
 
 def kv_dtype(fp8: bool | str) -> Any:
@@ -151,12 +158,14 @@ def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Arra
             s = jax.lax.dynamic_slice_in_dim(s, layer, 1)  # [1, 1, 1, 1, 1]
         q = quantize_static(new, s, dtype=c.value.dtype)
         return c.replace(
-            value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start))
+            value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start)
+        )
     if isinstance(c, QuantArray):  # one scale per (row, token)
         q = quantize(new, dtype=c.value.dtype, axes=(-2, -1))  # scale [.., B, T, 1, 1]
         return QuantArray(
             value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start),
-            scale=jax.lax.dynamic_update_slice(c.scale, jnp.transpose(q.scale, order), start))
+            scale=jax.lax.dynamic_update_slice(c.scale, jnp.transpose(q.scale, order), start),
+        )
     return jax.lax.dynamic_update_slice(c, jnp.transpose(new.astype(c.dtype), order), start)
 
 
@@ -186,7 +195,8 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
     """
     if layer is not None:
         c = jax.tree_util.tree_map(
-            lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c)
+            lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c
+        )
     order = tuple(perm.index(i) for i in range(4))
     if is_fixed_scale(c):
         return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(()))
@@ -197,8 +207,9 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
     return jnp.transpose(x, order)
 
 
-def cache_update(cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any,
-                  layer: Any = None) -> tuple:
+def cache_update(
+    cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any, layer: Any = None
+) -> tuple:
     """Write this step's ``k`` / ``v`` ``[B, T, K, H]``; return (new buffers, read views).
 
     ``cache_kv``: the stacked ``(k, v)`` of a `KVCache` with ``layer`` a layer
@@ -207,8 +218,10 @@ def cache_update(cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, 
     ck, cv = cache_kv
     ck = cache_write(ck, k, K_LAYOUT, layer, index)
     cv = cache_write(cv, v, V_LAYOUT, layer, index)
-    return (ck, cv), (cache_read(ck, K_LAYOUT, layer, dtype),
-                      cache_read(cv, V_LAYOUT, layer, dtype))
+    return (ck, cv), (
+        cache_read(ck, K_LAYOUT, layer, dtype),
+        cache_read(cv, V_LAYOUT, layer, dtype),
+    )
 
 
 def resize_cache(cache: KVCache, repeat: int, length: int) -> KVCache:
@@ -242,9 +255,14 @@ def resize_cache(cache: KVCache, repeat: int, length: int) -> KVCache:
         return fix(c, row, slot)
 
     pos = jnp.repeat(cache.pos, repeat, axis=0) if repeat > 1 else cache.pos
-    return KVCache(k=buf(cache.k, K_LAYOUT), v=buf(cache.v, V_LAYOUT),
-                   valid=fix(cache.valid, 0, 1, False), pos=pos, index=cache.index,
-                   act_scales=cache.act_scales)
+    return KVCache(
+        k=buf(cache.k, K_LAYOUT),
+        v=buf(cache.v, V_LAYOUT),
+        valid=fix(cache.valid, 0, 1, False),
+        pos=pos,
+        index=cache.index,
+        act_scales=cache.act_scales,
+    )
 
 
 def stack_buffers(bufs: Any) -> Any:
@@ -267,5 +285,3 @@ def unstack_cache(cache: KVCache) -> KVCache:
     if isinstance(cache.k, tuple):
         return cache
     return cache._replace(k=unstack_buffer(cache.k), v=unstack_buffer(cache.v))
-
-
