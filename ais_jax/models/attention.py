@@ -52,6 +52,7 @@ __all__ = [
     "attend",
     "bidirectional_mask",
     "causal_mask",
+    "dequantize_view",
     "reference",
     "resolve",
 ]

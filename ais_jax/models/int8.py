@@ -9,7 +9,9 @@ accumulation (``lax.dot_general(..., preferred_element_type=int32)``: the MXU's
 native int8 path on TPU v5e / v5p / v6e), and the int32 result is dequantized by
 ``s_x * s_w`` in the epilogue.  Integer products and sums are exact, so CPU runs the
 same numbers a TPU does (up to the float32 epilogue's rounding).  An int8 KV cache
-(``rollout.kv_cache_int8``) uses the same quantizers through `ais_jax.models.kv_cache`.
+(``rollout.kv_cache_int8``) uses the same quantizers through `ais_jax.models.kv_cache`; its
+per-(row, token) scales multiply the attention's scores and probabilities
+(`ais_jax.models.attention.reference`), so the cache is never dequantized into a copy.
 
 Rounding is to nearest, ties to even (``jnp.round``); values beyond ``127 x scale``
 saturate to +-127 (never wrap); -128 is never produced (symmetric range).  The

@@ -86,7 +86,8 @@ def init_cache(
       fp8: store keys / values as float8 E4M3 with one float32 scale per
         (layer, row, token), dequantized when attended to. Not part of the
         paper's recipe (it keeps the KV cache in BF16); off by default.
-        ``"int8"``: the same with int8 values (`kv_dtype`).
+        ``"int8"``: the same with int8 values (`kv_dtype`), whose scales fold
+        into the attention instead (`cache_read`: no dequantized copy).
       kv_scales: with ``fp8``, optional float32 ``[L]`` key and value scales,
         one per layer and fixed (``act_scaling="prefill"``): writes quantize
         elementwise with them (no reduction, no scale buffer to update).
