@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _tiny import TINY_RUN
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ais_jax.config.load import load_config
@@ -46,11 +46,14 @@ def test_quantize_rounds_half_to_even_and_saturates_symmetric():
     st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=9),
     st.floats(-(2.0**-120), 2.0**-120, width=32),
 )
+@example([5.06495872490537e16], 0.0)  # float32's 1 / 127 multiply != the rounded quotient
 def test_amax_scale_is_amax_over_127_with_a_floor(xs, tiny):
     x = np.asarray([*xs, tiny], np.float32)
-    over = np.float32(np.abs(x).max()) / np.float32(127)  # float32 division, as on device
+    # amax times float32's 1 / 127 (what XLA compiles amax / 127 to), in float32
+    over = np.float32(np.abs(x).max()) * np.float32(int8.INV_QMAX)
     got = float(int8.amax_scale(jnp.abs(jnp.asarray(x)), (0,))[0])
     assert got == max(float(over), int8.SCALE_FLOOR)  # == amax / 127 above the floor
+    assert got == pytest.approx(float(np.abs(x).max()) / 127, rel=2**-22, abs=int8.SCALE_FLOOR)
     assert got >= int8.SCALE_FLOOR  # never zero or subnormal: x / scale is always finite
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ais_jax.models.qarray import QuantArray
 
@@ -34,6 +35,7 @@ QMAX = 127.0  # symmetric: [-127, 127]
 # smallest dynamic scale: float32's smallest normal number, so a scale is never zero or
 # subnormal (TPUs flush subnormals) and ``x / scale`` never divides by zero
 SCALE_FLOOR = float(jnp.finfo(jnp.float32).tiny)
+INV_QMAX = float(np.float32(1.0) / np.float32(QMAX))  # float32's 1 / 127 (`amax_scale`)
 
 
 def is_int8(dtype: Any) -> bool:
@@ -82,15 +84,18 @@ def quantize(
 
 
 def amax_scale(ax: jax.Array, axes: int | Sequence[int]) -> jax.Array:
-    """``max(amax / 127, SCALE_FLOOR)`` over ``axes`` of ``ax = |x|`` (keepdims), float32.
+    """``max(amax * INV_QMAX, SCALE_FLOOR)`` over ``axes`` of ``ax = |x|`` (keepdims), float32.
 
-    One reduction and nothing after it: ``max_i fl(|x_i| / 127) == fl(max_i |x_i| / 127)``
-    (division by a positive constant is monotone), and the floor is the reduction's
-    initial value, so the scale is the reduction's own output (no ``where(amax > 0)``
-    kernel).  Equal to ``amax / 127`` whenever ``amax >= 127 * SCALE_FLOOR``.
+    ``INV_QMAX`` is float32's ``1 / 127``: what XLA (CPU and TPU) compiles ``amax / 127`` to,
+    so the scale is ``amax / 127`` as every compiled int8 program computed it (within one ulp
+    of the exact quotient).  One reduction and nothing after it: ``max_i fl(|x_i| * c) ==
+    fl(max_i |x_i| * c)`` for a positive ``c`` (rounding is monotone), and the floor is the
+    reduction's initial value, so the scale is the reduction's own output (no ``where(amax >
+    0)`` kernel); above ``127 * SCALE_FLOOR`` the floor never acts.
     """
     axes = tuple(a % ax.ndim for a in ((axes,) if isinstance(axes, int) else axes))
-    scale = jax.lax.reduce(ax / QMAX, jnp.float32(SCALE_FLOOR), jax.lax.max, axes)
+    scaled = ax.astype(jnp.float32) * jnp.float32(INV_QMAX)
+    scale = jax.lax.reduce(scaled, jnp.float32(SCALE_FLOOR), jax.lax.max, axes)
     return jnp.expand_dims(scale, axes)
 
 
