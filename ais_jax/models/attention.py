@@ -52,6 +52,7 @@ __all__ = [
     "attend",
     "bidirectional_mask",
     "causal_mask",
+    "dequantize_view",
     "reference",
     "resolve",
 ]
@@ -140,8 +141,12 @@ def reference(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
     """Today's grouped-query attention: full float32 scores, softmax in float32.
 
     q ``[B, T, Q, H]``, k / v ``[B, S, K, H]``, mask ``[B, T, S]`` bool -> ``[B, T, Q*H]``.
-    k / v may be `ais_jax.models.kv_cache.ScaledView`s (a fixed-scale FP8
-    cache): their scales multiply the float32 scores / outputs.
+    k / v may be `ais_jax.models.kv_cache.ScaledView`s: a scalar scale (a
+    fixed-scale FP8 cache) multiplies the float32 scores / outputs; ``[B, S]``
+    scales (an int8 cache, one per row and token) multiply the float32 scores
+    (keys: ``(q . k_int8) * s_k[t]``) and the probabilities before the value
+    matmul (values: ``sum_t (p[t] * s_v[t]) v_int8[t]``), so the cache is never
+    dequantized into a copy.
     """
     sk = k.scale if isinstance(k, ScaledView) else None
     sv = v.scale if isinstance(v, ScaledView) else None
@@ -150,12 +155,27 @@ def reference(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
     Kn = k.shape[2]
     q = q.reshape(B, T, Kn, Qn // Kn, H)  # [B, T, K, G, H]
     s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = s / math.sqrt(H) if sk is None else s * (sk / math.sqrt(H))
+    if sk is None:
+        s = s / math.sqrt(H)
+    elif sk.ndim:  # per (row, token): an epilogue of the score matmul
+        s = s * sk[:, None, None, None, :] / math.sqrt(H)
+    else:
+        s = s * (sk / math.sqrt(H))
     s = jnp.where(mask[:, None, None], s, -1e30)
     p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
+    if sv is not None and sv.ndim:  # per (row, token): scales the probabilities
+        p, sv = p * sv[:, None, None, None, :], None
     o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     o = o if sv is None else o * sv
     return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def dequantize_view(a: Any, dtype: Any) -> Any:
+    """A per-(row, token) scaled `ScaledView` ``[B, S, K, H]`` as a plain array in ``dtype``
+    (what the chunked and cuDNN paths take); anything else unchanged."""
+    if isinstance(a, ScaledView) and a.scale.ndim:
+        return (a.x.astype(jnp.float32) * a.scale[:, :, None, None]).astype(dtype)
+    return a
 
 
 def reference_bidirectional(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -200,8 +220,10 @@ def attend(
       ``[B, T, Q*H]`` in ``q.dtype``.
     """
     B, T, Qn, H = q.shape
-    scaled = isinstance(k, ScaledView) or isinstance(v, ScaledView)
     which = resolve(impl, dtype=q.dtype, head_dim=H, T=T)
+    if which != "reference":  # per-token scales fold into the reference attention only
+        k, v = dequantize_view(k, q.dtype), dequantize_view(v, q.dtype)
+    scaled = isinstance(k, ScaledView) or isinstance(v, ScaledView)
     if which == "cudnn" and scaled:
         which = "chunked"  # an FP8 cache's scales: not cuDNN's
     if which == "reference":

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models.fp8 import E4M3, QuantArray, dequantize, quantize, quantize_static
-from ais_jax.models.int8 import INT8
+from ais_jax.models.int8 import INT8, is_int8
 from ais_jax.models.layout import ModelConfig
 
 # Stored layout of one layer's keys / values: a permutation of the logical
@@ -86,7 +86,8 @@ def init_cache(
       fp8: store keys / values as float8 E4M3 with one float32 scale per
         (layer, row, token), dequantized when attended to. Not part of the
         paper's recipe (it keeps the KV cache in BF16); off by default.
-        ``"int8"``: the same with int8 values (`kv_dtype`).
+        ``"int8"``: the same with int8 values (`kv_dtype`), whose scales fold
+        into the attention instead (`cache_read`: no dequantized copy).
       kv_scales: with ``fp8``, optional float32 ``[L]`` key and value scales,
         one per layer and fixed (``act_scaling="prefill"``): writes quantize
         elementwise with them (no reduction, no scale buffer to update).
@@ -101,17 +102,24 @@ def init_cache(
     def empty(perm: tuple, fixed: Any) -> Any:
         shape = (L, *(logical[p] for p in perm))
         if fp8 and fixed is not None:
-            return QuantArray(value=jnp.zeros(shape, qdtype), act_scaling="prefill",
-                              scale=jnp.asarray(fixed, jnp.float32).reshape(L, 1, 1, 1, 1))
+            return QuantArray(
+                value=jnp.zeros(shape, qdtype),
+                act_scaling="prefill",
+                scale=jnp.asarray(fixed, jnp.float32).reshape(L, 1, 1, 1, 1),
+            )
         if fp8:
             scale = (L, *((batch, length, 1, 1)[p] for p in perm))
             return QuantArray(value=jnp.zeros(shape, qdtype), scale=jnp.ones(scale, jnp.float32))
         return jnp.zeros(shape, dtype)
 
     sk, sv = (None, None) if kv_scales is None else kv_scales
-    return KVCache(k=empty(K_LAYOUT, sk), v=empty(V_LAYOUT, sv),
-                   valid=jnp.zeros((batch, length), jnp.bool_),
-                   pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+    return KVCache(
+        k=empty(K_LAYOUT, sk),
+        v=empty(V_LAYOUT, sv),
+        valid=jnp.zeros((batch, length), jnp.bool_),
+        pos=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
 
 
 def kv_dtype(fp8: bool | str) -> Any:
@@ -123,6 +131,11 @@ def kv_dtype(fp8: bool | str) -> Any:
 def is_fixed_scale(c: Any) -> bool:
     """Whether a cache buffer is float8 with fixed per-layer scales (see `init_cache`)."""
     return isinstance(c, QuantArray) and c.act_scaling == "prefill"
+
+
+def is_per_token_int8(c: Any) -> bool:
+    """Whether a cache buffer is int8 with one scale per (row, token) (read as a `ScaledView`)."""
+    return isinstance(c, QuantArray) and not is_fixed_scale(c) and is_int8(c.value.dtype)
 
 
 def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Array) -> Any:
@@ -146,21 +159,26 @@ def cache_write(c: Any, new: jax.Array, perm: tuple, layer: Any, index: jax.Arra
             s = jax.lax.dynamic_slice_in_dim(s, layer, 1)  # [1, 1, 1, 1, 1]
         q = quantize_static(new, s, dtype=c.value.dtype)
         return c.replace(
-            value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start))
+            value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start)
+        )
     if isinstance(c, QuantArray):  # one scale per (row, token)
         q = quantize(new, dtype=c.value.dtype, axes=(-2, -1))  # scale [.., B, T, 1, 1]
         return QuantArray(
             value=jax.lax.dynamic_update_slice(c.value, jnp.transpose(q.value, order), start),
-            scale=jax.lax.dynamic_update_slice(c.scale, jnp.transpose(q.scale, order), start))
+            scale=jax.lax.dynamic_update_slice(c.scale, jnp.transpose(q.scale, order), start),
+        )
     return jax.lax.dynamic_update_slice(c, jnp.transpose(new.astype(c.dtype), order), start)
 
 
 class ScaledView(NamedTuple):
-    """A fixed-scale FP8 cache layer as the attention reads it: ``x * scale``.
+    """A quantized cache layer as the attention reads it: ``x * scale``, never materialized.
 
-    ``x``: ``[B, S, K, H]`` float8 values converted exactly to the compute dtype
-    (the convert fuses into the attention matmul); ``scale``: float32 scalar,
-    applied to the matmul's float32 result (`ais_jax.models.attention.reference`).
+    ``x``: ``[B, S, K, H]`` float8 / int8 values converted exactly to the compute
+    dtype (the convert fuses into the attention matmul); ``scale``: float32, either
+    a scalar (a fixed-scale cache, `is_fixed_scale`: applied to the matmul's
+    float32 result) or ``[B, S]``, one per (row, token) (an int8 cache: the key
+    scale multiplies the scores, the value scale the probabilities;
+    `ais_jax.models.attention.reference`).
     """
 
     x: jax.Array
@@ -172,21 +190,27 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
 
     ``layer``: a layer index of the stacked buffer ``c``; None: ``c`` is one layer.
     The view's transposition folds into the attention matmuls (no copy).  A
-    fixed-scale FP8 buffer (`is_fixed_scale`) gives a `ScaledView` instead (no
-    dequantized copy of the cache).
+    fixed-scale FP8 buffer (`is_fixed_scale`) gives a `ScaledView` with a scalar
+    scale, an int8 buffer with per-(row, token) scales one with ``[B, S]`` scales
+    (`is_per_token_int8`): no dequantized copy of the cache.
     """
     if layer is not None:
         c = jax.tree_util.tree_map(
-            lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c)
+            lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c
+        )
     order = tuple(perm.index(i) for i in range(4))
     if is_fixed_scale(c):
         return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(()))
+    if is_per_token_int8(c):  # the scales fold into the scores / probabilities
+        B, S = c.value.shape[perm.index(0)], c.value.shape[perm.index(1)]
+        return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(B, S))
     x = dequantize(c, dtype) if isinstance(c, QuantArray) else c.astype(dtype)
     return jnp.transpose(x, order)
 
 
-def cache_update(cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any,
-                  layer: Any = None) -> tuple:
+def cache_update(
+    cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any, layer: Any = None
+) -> tuple:
     """Write this step's ``k`` / ``v`` ``[B, T, K, H]``; return (new buffers, read views).
 
     ``cache_kv``: the stacked ``(k, v)`` of a `KVCache` with ``layer`` a layer
@@ -195,8 +219,10 @@ def cache_update(cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, 
     ck, cv = cache_kv
     ck = cache_write(ck, k, K_LAYOUT, layer, index)
     cv = cache_write(cv, v, V_LAYOUT, layer, index)
-    return (ck, cv), (cache_read(ck, K_LAYOUT, layer, dtype),
-                      cache_read(cv, V_LAYOUT, layer, dtype))
+    return (ck, cv), (
+        cache_read(ck, K_LAYOUT, layer, dtype),
+        cache_read(cv, V_LAYOUT, layer, dtype),
+    )
 
 
 def resize_cache(cache: KVCache, repeat: int, length: int) -> KVCache:
@@ -230,9 +256,14 @@ def resize_cache(cache: KVCache, repeat: int, length: int) -> KVCache:
         return fix(c, row, slot)
 
     pos = jnp.repeat(cache.pos, repeat, axis=0) if repeat > 1 else cache.pos
-    return KVCache(k=buf(cache.k, K_LAYOUT), v=buf(cache.v, V_LAYOUT),
-                   valid=fix(cache.valid, 0, 1, False), pos=pos, index=cache.index,
-                   act_scales=cache.act_scales)
+    return KVCache(
+        k=buf(cache.k, K_LAYOUT),
+        v=buf(cache.v, V_LAYOUT),
+        valid=fix(cache.valid, 0, 1, False),
+        pos=pos,
+        index=cache.index,
+        act_scales=cache.act_scales,
+    )
 
 
 def stack_buffers(bufs: Any) -> Any:
@@ -255,5 +286,3 @@ def unstack_cache(cache: KVCache) -> KVCache:
     if isinstance(cache.k, tuple):
         return cache
     return cache._replace(k=unstack_buffer(cache.k), v=unstack_buffer(cache.v))
-
-
