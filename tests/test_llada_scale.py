@@ -142,7 +142,11 @@ def test_micro_batch_accumulation_equals_the_whole_batch():
     acc, m4 = _update(2)
     _assert_trees_close(acc, whole, 1e-6)  # the params
     step = lambda new: jax.tree.map(jnp.subtract, new, PARAMS)  # noqa: E731
-    _assert_trees_close(step(acc), step(whole), 1e-5)  # the two updates themselves
+    # The two updates themselves.  Adam divides by sqrt(v), so an element whose gradient is
+    # small against float32 summation-order noise moves by more than the gradients do: under
+    # XLA's SSE4.2 code (no FMA) one element of 96 differed by 2.4e-7 at -1.45e-4, 2.2e-4 of
+    # the largest step, past the 1e-5 held on AVX-512 (issue 58); 1e-3 leaves 4x margin.
+    _assert_trees_close(step(acc), step(whole), 1e-3)
     assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(step(whole))) > 1e-3
     for k in ("loss", "clip_frac", "alpha", "d_bar"):
         np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-5, atol=1e-6)
