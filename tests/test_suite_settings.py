@@ -57,3 +57,18 @@ def test_a_marked_test_compiles_as_a_users_run():
     assert not jax.config.values["jax_disable_most_optimizations"]
     assert _e2m1(X) == 1.5  # round to nearest
     assert _child() == ["False", "1.5"]
+
+
+def test_the_longest_files_go_first_each_in_its_own_order(monkeypatch):
+    import _schedule
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    ids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t[1]", "tests/c.py::t",
+           "tests/b.py::t[2]", "tests/d.py::t"]
+    monkeypatch.setattr(_schedule, "SECONDS", {"tests/c.py": 10.0, "tests/d.py": 30.0})
+    got = [i.nodeid for i in _schedule.longest_first([Item(n) for n in ids])]
+    assert got == ["tests/d.py::t", "tests/c.py::t", "tests/a.py::t1", "tests/a.py::t2",
+                   "tests/b.py::t[1]", "tests/b.py::t[2]"]
