@@ -75,6 +75,14 @@ if not NO_F16C:
         os.environ["XLA_FLAGS"] = (_FLAGS + " " + NO_FUSION_EMITTERS).strip()
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The longest test files first (tests/_schedule.py): the two xdist workers then end
+    together instead of one running a long file alone at the end."""
+    from _schedule import longest_first
+
+    items[:] = longest_first(items)
+
+
 @pytest.fixture(autouse=True)
 def _xla_optimized(request):
     """For a test marked ``xla_optimized``: XLA's default settings, in this process (JAX's

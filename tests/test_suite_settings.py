@@ -95,3 +95,18 @@ def test_an_xla_link_failure_without_f16c_is_one_line():
     chained = ValueError("wrapper")
     chained.__cause__ = RuntimeError("INTERNAL: Failed to materialize symbols: { (x, {f}) }")
     assert isinstance(errors.xla_link_error(chained), errors.UsageError)
+
+
+def test_the_longest_files_go_first_each_in_its_own_order(monkeypatch):
+    import _schedule
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    ids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t[1]", "tests/c.py::t",
+           "tests/b.py::t[2]", "tests/d.py::t"]
+    monkeypatch.setattr(_schedule, "SECONDS", {"tests/c.py": 10.0, "tests/d.py": 30.0})
+    got = [i.nodeid for i in _schedule.longest_first([Item(n) for n in ids])]
+    assert got == ["tests/d.py::t", "tests/c.py::t", "tests/a.py::t1", "tests/a.py::t2",
+                   "tests/b.py::t[1]", "tests/b.py::t[2]"]
