@@ -1,0 +1,104 @@
+"""Attention by JAX's own TPU flash-attention kernel (``model.attention=pallas``).
+
+The kernel is ``jax.experimental.pallas.ops.tpu.flash_attention`` (a Pallas / Mosaic
+kernel, used as a library): it walks the keys in blocks with an online softmax in float32
+and keeps each block's scores in the core's on-chip memory, so no ``T x S`` score tensor
+reaches HBM, forward or backward (its ``custom_vjp`` recomputes the blocks from the saved
+log-sum-exp).  This wrapper adapts our attention to it:
+
+- **mask**: the kernel takes segment ids; a valid key is segment 1, a padding key (left
+  padding, trailing padding, the block padding below) segment 0, and each query takes its
+  own slot's segment.  With ``causal`` a valid query then sees exactly the valid keys at or
+  before it (the reference's mask); a padding query sees the padding keys at or before it,
+  itself included, so its output stays finite (the reference gives it other finite values;
+  nothing reads them, and no valid query depends on them).  Needs one query per key slot
+  (``T == S``, a full pass: the update, LLaDA's forward, a prefill without a cache offset).
+- **GQA**: each key / value head is repeated for its ``Q / K`` query heads (the reference's
+  ``[K, G]`` head order); the repeat's transpose sums the gradients back.
+- **blocks**: the kernel needs sequence blocks of 128 (its key blocks must be a multiple of
+  128); the sequence is padded to a multiple of 128 inside (767 -> 768) and the padding is
+  segment 0, then sliced off.
+- **CPU**: the kernel runs in Pallas's TPU interpret mode (``force_tpu_interpret_mode``),
+  for the parity tests; slow, not a CPU implementation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+__all__ = ["BLOCK", "flash", "padded_len"]
+
+BLOCK = 128  # sequence block of the kernel (its key blocks must be a multiple of 128)
+
+
+def padded_len(T: int) -> int:
+    """``T`` rounded up to a multiple of `BLOCK` (the kernel's sequence length)."""
+    return -(-T // BLOCK) * BLOCK
+
+
+def _blocks() -> fa.BlockSizes:
+    """`BLOCK`-sized tiles for the forward and both backward kernels."""
+    b = BLOCK
+    return fa.BlockSizes(
+        block_q=b,
+        block_k_major=b,
+        block_k=b,
+        block_b=1,
+        block_q_major_dkv=b,
+        block_k_major_dkv=b,
+        block_k_dkv=b,
+        block_q_dkv=b,
+        block_k_major_dq=b,
+        block_k_dq=b,
+        block_q_dq=b,
+    )
+
+
+def _heads(x: jax.Array, pad: int) -> jax.Array:
+    """``[B, T, N, H]`` -> ``[B, N, T + pad, H]`` (zeros after the sequence)."""
+    return jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0)))
+
+
+def _call(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, causal: bool) -> jax.Array:
+    ids = fa.SegmentIds(q=seg, kv=seg)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return fa.flash_attention(
+        q, k, v, segment_ids=ids, causal=causal, sm_scale=scale, block_sizes=_blocks()
+    )
+
+
+def flash(
+    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool
+) -> jax.Array:
+    """Grouped-query attention by the TPU flash-attention kernel, one query per key slot.
+
+    Args:
+      q: ``[B, T, Q, H]`` queries.
+      k: ``[B, T, K, H]`` keys (``Q`` a multiple of ``K``); cast to ``q.dtype``.
+      v: ``[B, T, K, H]`` values; cast to ``q.dtype``.
+      kv_valid: ``[B, T]`` bool, the valid key slots (padding: False).
+      causal: query ``t`` sees the valid keys ``<= t``; else every valid key.
+
+    Returns:
+      ``[B, T, Q*H]`` in ``q.dtype`` (softmax in float32 inside the kernel).
+    """
+    B, T, Qn, H = q.shape
+    Kn = k.shape[2]
+    if k.shape[1] != T:
+        raise ValueError(f"pallas attention needs one query per key slot, got T={T}, S={k.shape[1]}")
+    pad = padded_len(T) - T
+    seg = jnp.pad(kv_valid.astype(jnp.int32), ((0, 0), (0, pad)))
+    kh = _heads(jnp.repeat(k.astype(q.dtype), Qn // Kn, axis=2), pad)
+    vh = _heads(jnp.repeat(v.astype(q.dtype), Qn // Kn, axis=2), pad)
+    qh = _heads(q, pad)
+    if jax.default_backend() == "cpu":
+        with pltpu.force_tpu_interpret_mode():
+            o = _call(qh, kh, vh, seg, causal)
+    else:
+        o = _call(qh, kh, vh, seg, causal)
+    return o[:, :, :T].transpose(0, 2, 1, 3).reshape(B, T, Qn * H).astype(q.dtype)
