@@ -72,9 +72,7 @@ def _call(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, causal: bool
     )
 
 
-def flash(
-    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool
-) -> jax.Array:
+def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool) -> jax.Array:
     """Grouped-query attention by the TPU flash-attention kernel, one query per key slot.
 
     Args:
@@ -90,7 +88,9 @@ def flash(
     B, T, Qn, H = q.shape
     Kn = k.shape[2]
     if k.shape[1] != T:
-        raise ValueError(f"pallas attention needs one query per key slot, got T={T}, S={k.shape[1]}")
+        raise ValueError(
+            f"pallas attention needs one query per key slot, got T={T}, S={k.shape[1]}"
+        )
     pad = padded_len(T) - T
     seg = jnp.pad(kv_valid.astype(jnp.int32), ((0, 0), (0, pad)))
     kh = _heads(jnp.repeat(k.astype(q.dtype), Qn // Kn, axis=2), pad)
