@@ -24,10 +24,12 @@ log-sum-exp).  This wrapper adapts our attention to it:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
@@ -72,6 +74,30 @@ def _call(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, causal: bool
     )
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _interpreted(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, causal: bool):
+    """`_call` in Pallas's TPU interpret mode (CPU), its backward kernels too: the mode holds
+    for what is traced inside the context, so the backward is traced there by `_interp_bwd`."""
+    with pltpu.force_tpu_interpret_mode():
+        return _call(q, k, v, seg, causal)
+
+
+def _interp_fwd(q, k, v, seg, causal):
+    with pltpu.force_tpu_interpret_mode():
+        o, pullback = jax.vjp(lambda q, k, v: _call(q, k, v, seg, causal), q, k, v)
+    return o, (pullback, seg)
+
+
+def _interp_bwd(causal, res, g):
+    pullback, seg = res
+    with pltpu.force_tpu_interpret_mode():
+        dq, dk, dv = pullback(g)
+    return dq, dk, dv, np.zeros(seg.shape, jax.dtypes.float0)
+
+
+_interpreted.defvjp(_interp_fwd, _interp_bwd)
+
+
 def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool) -> jax.Array:
     """Grouped-query attention by the TPU flash-attention kernel, one query per key slot.
 
@@ -96,9 +122,6 @@ def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal:
     kh = _heads(jnp.repeat(k.astype(q.dtype), Qn // Kn, axis=2), pad)
     vh = _heads(jnp.repeat(v.astype(q.dtype), Qn // Kn, axis=2), pad)
     qh = _heads(q, pad)
-    if jax.default_backend() == "cpu":
-        with pltpu.force_tpu_interpret_mode():
-            o = _call(qh, kh, vh, seg, causal)
-    else:
-        o = _call(qh, kh, vh, seg, causal)
+    run = _interpreted if jax.default_backend() == "cpu" else _call
+    o = run(qh, kh, vh, seg, causal)
     return o[:, :, :T].transpose(0, 2, 1, 3).reshape(B, T, Qn * H).astype(q.dtype)
