@@ -16,8 +16,11 @@ log-sum-exp).  This wrapper adapts our attention to it:
 - **GQA**: each key / value head is repeated for its ``Q / K`` query heads (the reference's
   ``[K, G]`` head order); the repeat's transpose sums the gradients back.
 - **blocks**: the kernel needs sequence blocks of 128 (its key blocks must be a multiple of
-  128); the sequence is padded to a multiple of 128 inside (767 -> 768) and the padding is
-  segment 0, then sliced off.
+  128); the sequence is padded to a multiple of 128 inside (767 -> 768), the padding slots
+  are segment 2 (seen by no real query), and their outputs are sliced off.
+- **all-padding rows** (LLaDA's bidirectional forward of an empty row): the reference
+  averages every key uniformly (all scores masked alike), the kernel softmaxes the row's
+  padding keys by their scores; both finite, neither read.
 - **CPU**: the kernel runs in Pallas's TPU interpret mode (``force_tpu_interpret_mode``),
   for the parity tests; slow, not a CPU implementation.
 """
@@ -118,7 +121,7 @@ def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal:
             f"pallas attention needs one query per key slot, got T={T}, S={k.shape[1]}"
         )
     pad = padded_len(T) - T
-    seg = jnp.pad(kv_valid.astype(jnp.int32), ((0, 0), (0, pad)))
+    seg = jnp.pad(kv_valid.astype(jnp.int32), ((0, 0), (0, pad)), constant_values=2)
     kh = _heads(jnp.repeat(k.astype(q.dtype), Qn // Kn, axis=2), pad)
     vh = _heads(jnp.repeat(v.astype(q.dtype), Qn // Kn, axis=2), pad)
     qh = _heads(q, pad)
