@@ -30,9 +30,9 @@ Implementations (``model.attention``; `resolve` maps ``auto``):
 - ``pallas``: JAX's TPU flash-attention kernel (`ais_jax.models.attention_pallas`),
   scores kept on chip, segment ids for the padding mask, kv heads repeated for GQA.
   ``auto`` on TPU for a full pass (one query per key slot, ``T == S``: the update,
-  LLaDA's forward, a prefill without a cache offset) with an unscaled cache; anything
-  else (a decode step, a prefill into a longer cache, an FP8 / int8 cache) falls back
-  to ``reference``, as an explicit ``pallas`` does too.  On CPU it runs in Pallas's
+  LLaDA's forward) over plain keys; anything else (a decode step, a prefill into a
+  longer cache, an FP8 / int8 cache) falls back to ``reference``, as an explicit
+  ``pallas`` does too.  On CPU it runs in Pallas's
   interpret mode (tests only: slow).
 
 The backend is ``jax.default_backend()`` at trace time, which
