@@ -102,3 +102,27 @@ def test_model_logprobs_and_gradient_pallas_equal_reference():
     np.testing.assert_allclose(lp_got, lp_ref, atol=2e-5)
     for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_ref), strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow  # interpret mode through LLaDA's 2 layers: ~10 s on the shared cores
+def test_llada_forward_pallas_equals_reference():
+    import dataclasses
+
+    from ais_jax.models.llada import model as llada
+
+    base = llada.LLaDAConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        mask_token_id=39,
+    )
+    params = llada.init_params(jax.random.key(0), base)
+    tokens = jax.random.randint(jax.random.key(3), (2, 11), 0, 40)
+    mask = jnp.ones((2, 11), bool).at[0, :4].set(False).at[1, 7].set(False)
+    fwd = jax.jit(llada.forward, static_argnums=2)
+    ref = fwd(params, tokens, dataclasses.replace(base, attention="reference"), mask)
+    got = fwd(params, tokens, dataclasses.replace(base, attention="pallas"), mask)
+    np.testing.assert_allclose(got[mask], ref[mask], atol=2e-5)
