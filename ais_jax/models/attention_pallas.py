@@ -16,9 +16,9 @@ log-sum-exp).  This wrapper adapts our attention to it:
 - **GQA**: the kernel wants as many key / value heads as query heads; the query heads are
   reordered group-major (``[G, K]``, from the reference's ``[K, G]``) inside the transpose
   the kernel's ``[B, N, T, H]`` layout needs anyway, and the key / value heads broadcast over
-  that major group axis, so the gradient sums contiguous halves (a ``jnp.repeat`` beside
-  each head made the compiler price the backward's sum over a minor axis at ~3.6 ms a
-  layer on v6e).
+  that major group axis (the gradient sums over it).  Against a ``jnp.repeat`` beside each
+  head, the TPU compiler priced the 0.6B update's roofline 3.69 s instead of 4.03 s
+  (docs/measurements/deviceless_cost.md).
 - **blocks**: the kernel needs sequence blocks of 128 (its key blocks must be a multiple of
   128); the sequence is padded to a multiple of 128 inside (767 -> 768), the padding slots
   are segment 2 (seen by no real query), and their outputs are sliced off.
