@@ -16,6 +16,15 @@ Helpers of ``benchmarks/deviceless_cost.py`` (pure text, no jax), on top of
   inside counts its slices), time ``max(flops / peak, bytes / bandwidth)`` per instruction.
   One flop rate for every dtype, on-chip (VMEM) traffic charged as HBM traffic, no launch
   overhead and no interconnect: a bound, not a prediction.
+* `flash_cost`: the one custom call priced, JAX's Pallas TPU flash attention
+  (``custom_call_target="tpu_custom_call"`` whose name or ``op_name`` names the kernel):
+  q ``[B, N, Tq, D]`` (operand 0), k ``[B, N, Tk, D]`` (operand 1); FLOPs ``c x B x N x Tq x Tk
+  x D`` with ``c`` = 4 forward (``QK^T``, ``PV``), 8 for the ``dkv`` backward kernel (scores
+  and ``dP`` recomputed, ``dV``, ``dK``), 6 for ``dq`` (scores, ``dP``, ``dQ``), every block
+  counted (causal skipping not credited: the mask is inside the serialized kernel); bytes =
+  its operands + results, each once (the kernel re-reads k / v once per query block: a lower
+  bound on its traffic).  Its own ``estimated_cycles`` is absent (cycles 0).  Any other custom
+  call (another Mosaic kernel, a host call) stays at 0.
 """
 
 from __future__ import annotations
@@ -51,6 +60,28 @@ CHIPS = {"v5e": ("TPU v5 lite", 197e12, 819e9, 1.5e9),
          "v6e": ("TPU v6 lite", 918e12, 1640e9, 1.75e9),
          "v5p": ("TPU v5", 459e12, 2765e9, 1.75e9),
          "tpu7x": ("TPU7x", 1153.5e12, 3685e9, 2.2e9)}
+
+
+_FLASH = (("flash_mha_bwd_dkv", 8.0), ("flash_mha_bwd_dq", 6.0), ("flash_attention", 4.0))
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def flash_cost(ins: hs.Instr, types: dict[str, str]) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of a Pallas TPU flash-attention custom call by its own roofline (the
+    module doc's rule), None for any other instruction."""
+    if ins.opcode != "custom-call" or 'custom_call_target="tpu_custom_call"' not in ins.attrs:
+        return None
+    m = _OP_NAME.search(ins.attrs)
+    label = ins.name + " " + (m.group(1) if m else "")
+    c = next((c for key, c in _FLASH if key in label), None)
+    if c is None or len(ins.operands) < 2:
+        return None
+    q, k = (_dims(types.get(o, "")) for o in ins.operands[:2])
+    if len(q) != 4 or len(k) != 4:
+        return None
+    B, N, Tq, D = q
+    flops = c * B * N * Tq * k[2] * D
+    return flops, array_bytes(ins.type) + sum(array_bytes(types.get(o, "")) for o in ins.operands)
 
 
 def instr_cycles(ins: hs.Instr) -> int:
@@ -227,7 +258,8 @@ def price(mod: hs.HloModule, comp: str, runs: int = 1, seen: tuple[str, ...] = (
     ``while`` bodies multiply ``runs`` by their known trip count (by 1 when unknown) and their
     conditions by trip count + 1; ``call`` / ``async-start`` computations are entered; a
     ``conditional`` contributes its branch with the most cycles; fused computations are not
-    entered (their instructions are the fusion's).  Custom calls count 0 FLOPs and bytes.
+    entered (their instructions are the fusion's).  Custom calls count 0 FLOPs and bytes,
+    except a Pallas flash attention (`flash_cost`).
     """
     if comp in seen:
         return []
@@ -250,6 +282,9 @@ def price(mod: hs.HloModule, comp: str, runs: int = 1, seen: tuple[str, ...] = (
                         for b in calls.get(key, ())]
             if branches:
                 out += max(branches, key=lambda b: sum(p.cycles * p.runs for p in b))
+        elif (fc := flash_cost(ins, types)) is not None:
+            out.append(Priced(ins.name, ins.opcode, re.sub(r"\{[^{}]*\}", "", ins.type), runs,
+                              instr_cycles(ins), *fc))
         elif ins.opcode not in _NO_TRAFFIC or instr_cycles(ins):
             flops = (fused_flops(mod, calls["calls"][0]) if ins.opcode == "fusion"
                      and "calls" in calls else fused_flops_one(ins, types))

@@ -47,7 +47,10 @@ LIMITS = ("estimated_cycles: the TPU compiler's static per-instruction estimate 
           "summed with loop trip counts; no launch overhead, no host, no measured stalls. "
           "roofline: per instruction max(flops / BF16 peak, bytes / HBM bandwidth), one flop "
           "rate for every dtype, on-chip VMEM copies charged as HBM traffic, no interconnect, "
-          "custom calls 0. Compile-only: nothing ran.")
+          "custom calls 0 except a Pallas TPU flash attention (_hlo_cost.flash_cost: its own "
+          "roofline, FLOPs c x B x N x Tq x Tk x D with c = 4 forward / 8 dkv / 6 dq, every "
+          "block counted, bytes = operands + results once; no estimated_cycles: it adds 0 "
+          "cycles). Compile-only: nothing ran.")
 
 
 def _short(r: dict) -> dict:

@@ -117,7 +117,7 @@ def test_chunked_scaled_fp8_cache_view():
 def test_resolve_by_backend():
     bf16 = jnp.bfloat16
     assert att.resolve("auto", "cpu", bf16, 64, 100) == "reference"  # CPU: today's numbers
-    assert att.resolve("auto", "tpu", bf16, 64, 100) == "reference"  # TPU: faster by its cost model
+    assert att.resolve("auto", "tpu", bf16, 64, 100) == "pallas"  # TPU: the flash kernel
     assert att.resolve("auto", "tpu", bf16, 64, 1) == "reference"  # a decode step
     assert att.resolve("auto", "gpu", bf16, 64, 100) == "cudnn"
     assert att.resolve("auto", "gpu", jnp.float32, 64, 100) == "reference"

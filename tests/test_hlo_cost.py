@@ -160,3 +160,34 @@ def test_trip_count_inferred_from_the_condition_when_the_config_has_none():
     assert hc.infer_trip_count(mod, "main", decode) is None  # a constant-false condition
     items = {p.name: p for p in hc.price(mod, mod.entry)}
     assert items["e"].runs == 3 and items["lt"].runs == 4
+
+
+_FLASH = """HloModule flash, is_scheduled=true
+
+ENTRY %main (q: bf16[2,4,256,128], k: bf16[2,4,256,128], v: bf16[2,4,256,128], s: s32[2,256]) -> bf16[2,4,256,128] {
+  %q = bf16[2,4,256,128]{3,2,1,0} parameter(0)
+  %k = bf16[2,4,256,128]{3,2,1,0} parameter(1)
+  %v = bf16[2,4,256,128]{3,2,1,0} parameter(2)
+  %s = s32[2,256]{1,0} parameter(3)
+  %fwd = (bf16[2,4,256,128]{3,2,1,0}, f32[2,4,256,128]{3,2,1,0}) custom-call(%q, %k, %v, %s), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/jvp(jit(flash_attention))/pallas_call"}
+  %o = bf16[2,4,256,128]{3,2,1,0} get-tuple-element(%fwd), index=0
+  %dq = bf16[2,4,256,128]{3,2,1,0} custom-call(%q, %k, %v, %o), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/transpose(jvp(jit(flash_attention)))/flash_mha_bwd_dq_block_q_major=128/pallas_call"}
+  %dkv.1 = (bf16[2,4,256,128]{3,2,1,0}, bf16[2,4,256,128]{3,2,1,0}) custom-call(%q, %k, %v, %o), custom_call_target="tpu_custom_call"
+  %flash_mha_bwd_dkv_block_q_major_128.2 = (bf16[2,4,256,128]{3,2,1,0}, bf16[2,4,256,128]{3,2,1,0}) custom-call(%q, %k, %v, %o), custom_call_target="tpu_custom_call"
+  %other = bf16[2,4,256,128]{3,2,1,0} custom-call(%q, %k), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/my_kernel/pallas_call"}
+  ROOT %host = bf16[2,4,256,128]{3,2,1,0} custom-call(%dq), custom_call_target="flash_attention_host"
+}
+"""
+
+
+def test_flash_attention_custom_calls_priced_by_their_own_roofline():
+    items = {p.name: p for p in hc.price(hs.parse_hlo(_FLASH), "main")}
+    x = 2 * 4 * 256 * 128  # elements of q / k / v / o
+    unit = 2 * 4 * 256 * 256 * 128  # B N Tq Tk D
+    # forward: 4 B N Tq Tk D; q, k, v, segment ids read, o and the f32 residual written
+    assert items["fwd"].flops == 4 * unit
+    assert items["fwd"].bytes == 3 * 2 * x + 2 * 256 * 4 + 2 * x + 4 * x
+    assert items["dq"].flops == 6 * unit and items["dq"].bytes == 4 * 2 * x + 2 * x
+    # the dkv kernel, told by its instruction name; one without a flash name stays unpriced
+    assert items["flash_mha_bwd_dkv_block_q_major_128.2"].flops == 8 * unit
+    assert "dkv.1" not in items and "other" not in items and "host" not in items

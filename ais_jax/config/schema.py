@@ -66,8 +66,9 @@ class ModelSection:
     # checkpoint / adapter was trained on (refused by default: ais_jax.models.base_digest)
     allow_base_change: bool = False
     # attention implementation (ais_jax.models.attention, docs/architecture.md): auto
-    # (cudnn on GPU where it fits, else reference) | reference (full float32 scores) |
-    # chunked (online softmax over key blocks: less memory, slower by the TPU compiler) | cudnn
+    # (cudnn on GPU where it fits, pallas on TPU for full passes, else reference) | reference
+    # (full float32 scores) | chunked (online softmax over key blocks: less memory, slower by
+    # the TPU compiler) | cudnn | pallas (JAX's TPU flash-attention kernel)
     attention: str = "auto"
     attention_chunk: int = 256  # keys per block of the chunked attention
 
@@ -339,7 +340,7 @@ class Config:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.kind": ("auto", "ar", "llada"),
-    "model.attention": ("auto", "reference", "chunked", "cudnn"),
+    "model.attention": ("auto", "reference", "chunked", "cudnn", "pallas"),
     "diffusion.remasking": ("low_confidence", "random"),
     "diffusion.ratio": ("estimator", "trajectory"),
     "diffusion.surrogate": ("estimator", "trajectory"),

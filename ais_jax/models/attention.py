@@ -27,6 +27,13 @@ Implementations (``model.attention``; `resolve` maps ``auto``):
 - ``cudnn``: `jax.nn.dot_product_attention` with ``implementation="cudnn"``
   (flash attention).  ``auto`` on GPU when the query dtype is bfloat16 / float16
   and the head dim a multiple of 8 up to 128; otherwise ``reference``.
+- ``pallas``: JAX's TPU flash-attention kernel (`ais_jax.models.attention_pallas`),
+  scores kept on chip, segment ids for the padding mask, kv heads repeated for GQA.
+  ``auto`` on TPU for a full pass (one query per key slot, ``T == S``: the update,
+  LLaDA's forward) over plain keys; anything else (a decode step, a prefill into a
+  longer cache, an FP8 / int8 cache) falls back to ``reference``, as an explicit
+  ``pallas`` does too.  On CPU it runs in Pallas's
+  interpret mode (tests only: slow).
 
 The backend is ``jax.default_backend()`` at trace time, which
 ``python -m ais_jax.plan --target`` sets to the target's platform
@@ -115,7 +122,7 @@ def resolve(
       T: queries (``1``: a decode step, reference everywhere).
 
     Returns:
-      ``"reference"``, ``"chunked"`` or ``"cudnn"``.
+      ``"reference"``, ``"chunked"``, ``"cudnn"`` or ``"pallas"``.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention must be one of {IMPLEMENTATIONS}, got {impl!r}")
@@ -124,6 +131,8 @@ def resolve(
     backend = jax.default_backend() if backend is None else backend
     if backend in ("gpu", "cuda") and T != 1 and cudnn_fits(dtype, head_dim):
         return "cudnn"
+    if backend == "tpu" and T != 1:
+        return "pallas"
     return "reference"
 
 
@@ -226,6 +235,12 @@ def attend(
     scaled = isinstance(k, ScaledView) or isinstance(v, ScaledView)
     if which == "cudnn" and scaled:
         which = "chunked"  # an FP8 cache's scales: not cuDNN's
+    if which == "pallas" and (scaled or k.shape[1] != T):
+        which = "reference"  # the kernel: full passes over plain keys only
+    if which == "pallas":
+        from ais_jax.models.attention_pallas import flash
+
+        return flash(q, k, v, mask.kv_valid, causal=mask.q_slot is not None)
     if which == "reference":
         if mask.q_slot is None:
             return reference_bidirectional(q, k, v, mask.kv_valid)

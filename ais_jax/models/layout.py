@@ -33,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "chunked", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "chunked", "cudnn", "pallas")
 
 
 def check_attention(attention: str, chunk: int) -> None:

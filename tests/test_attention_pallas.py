@@ -1,0 +1,128 @@
+"""``model.attention=pallas``: JAX's TPU flash-attention kernel, run in Pallas's TPU
+interpret mode on CPU, against the reference attention (forward and gradient, float32).
+
+Shapes are tiny but cross the kernel's 128-slot block (T = 100 is padded to 128 inside);
+grouped-query (4 query heads, 2 key / value heads); left padding in one row, a hole in the
+other.  Outputs of padding queries differ by design (`ais_jax.models.attention_pallas`), so
+the comparison and the loss cover the valid queries only.  Not under ``jax.checkpoint``:
+interpret mode runs the kernel through ordered IO callbacks, which remat refuses on CPU
+(the TPU compile of the update, with remat, is the check there).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ais_jax.models import attention as att
+from ais_jax.models import attention_pallas as ap
+
+B, T, Q, K, H = 2, 100, 4, 2, 8
+VALID = jnp.ones((B, T), bool).at[0, :37].set(False).at[1, 60:63].set(False)
+
+
+def _qkv():
+    kq, kk, kv = jax.random.split(jax.random.key(3), 3)
+    return (
+        jax.random.normal(kq, (B, T, Q, H)),
+        jax.random.normal(kk, (B, T, K, H)),
+        jax.random.normal(kv, (B, T, K, H)),
+    )
+
+
+def _loss(impl, mask, w):
+    """Weighted sum of the valid queries' outputs (padding queries' rows weighted 0)."""
+
+    def f(q, k, v):
+        o = att.attend(q, k, v, mask, impl)
+        return jnp.sum(o * w * VALID[..., None])
+
+    return f
+
+
+@pytest.mark.slow  # interpret mode: ~7-10 s each on the shared cores
+@pytest.mark.parametrize("causal", [True, False])
+def test_pallas_matches_reference_forward_and_gradient_f32(causal):
+    q, k, v = _qkv()
+    mask = att.causal_mask(VALID) if causal else att.bidirectional_mask(VALID)
+    w = jax.random.normal(jax.random.key(4), (B, T, Q * H))
+    vp, gp = jax.value_and_grad(_loss("pallas", mask, w), (0, 1, 2))(q, k, v)
+    vr, gr = jax.value_and_grad(_loss("reference", mask, w), (0, 1, 2))(q, k, v)
+    op, orf = att.attend(q, k, v, mask, "pallas"), att.attend(q, k, v, mask, "reference")
+    ok = np.asarray(VALID)[..., None]
+    np.testing.assert_allclose(np.where(ok, op, 0), np.where(ok, orf, 0), atol=1e-5, rtol=1e-5)
+    assert np.all(np.isfinite(op))  # padding queries too
+    np.testing.assert_allclose(vp, vr, rtol=1e-5)
+    for a, b in zip(gp, gr, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_pallas_falls_back_where_the_kernel_does_not_fit():
+    q, k, v = _qkv()
+    # queries at a cache offset (T != S): the reference attention, exactly
+    mask = att.causal_mask(VALID, 90, 10)
+    o = att.attend(q[:, :10], k, v, mask, "pallas")
+    assert np.array_equal(o, att.attend(q[:, :10], k, v, mask, "reference"))
+    assert ap.padded_len(767) == 768 and ap.padded_len(128) == 128 and ap.padded_len(1) == 128
+    with pytest.raises(ValueError, match="one query per key slot"):
+        ap.flash(q[:, :10], k, v, VALID, causal=True)
+
+
+@pytest.mark.slow  # interpret mode through a 2-layer model: ~10-20 s on the shared cores
+def test_model_logprobs_and_gradient_pallas_equal_reference():
+    from ais_jax.models.model import ModelConfig, init_params
+    from ais_jax.training.logprobs import completion_logprobs
+
+    prompt = jax.random.randint(jax.random.key(1), (2, 12), 0, 50)
+    pmask = jnp.ones((2, 12), bool).at[0, :5].set(False)
+    tokens = jax.random.randint(jax.random.key(2), (2, 20), 0, 50)
+    out = {}
+    for impl in ("reference", "pallas"):
+        cfg = ModelConfig(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            qk_norm=True,
+            attention=impl,
+        )
+        params = init_params(jax.random.key(0), cfg)
+
+        def loss(p, cfg=cfg):
+            lp = completion_logprobs(p, prompt, pmask, tokens, cfg, remat="none")
+            return jnp.sum(lp), lp
+
+        out[impl] = jax.grad(loss, has_aux=True)(params)
+    (g_ref, lp_ref), (g_got, lp_got) = out["reference"], out["pallas"]
+    np.testing.assert_allclose(lp_got, lp_ref, atol=2e-5)
+    for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_ref), strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow  # interpret mode through LLaDA's 2 layers: ~10 s on the shared cores
+def test_llada_forward_pallas_equals_reference():
+    import dataclasses
+
+    from ais_jax.models.llada import model as llada
+
+    base = llada.LLaDAConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        mask_token_id=39,
+    )
+    params = llada.init_params(jax.random.key(0), base)
+    tokens = jax.random.randint(jax.random.key(3), (2, 11), 0, 40)
+    mask = jnp.ones((2, 11), bool).at[0, :4].set(False).at[1, 7].set(False)
+    fwd = jax.jit(llada.forward, static_argnums=2)
+    ref = fwd(params, tokens, dataclasses.replace(base, attention="reference"), mask)
+    got = fwd(params, tokens, dataclasses.replace(base, attention="pallas"), mask)
+    np.testing.assert_allclose(got[mask], ref[mask], atol=2e-5)
