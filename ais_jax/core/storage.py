@@ -89,6 +89,12 @@ def refresh(path: str) -> None:
     another process are then seen); a local path: nothing to do."""
     if is_remote(path):
         _fs(path)[0].invalidate_cache()
+        # etils.epath (and so orbax) keeps the instance it first got (an lru_cache): after
+        # fsspec's instance cache was cleared it is another one, with its own listings.
+        with contextlib.suppress(ImportError, AttributeError):
+            from etils.epath import backend
+
+            backend.fsspec_backend.fs(os.fspath(path)).invalidate_cache()
 
 
 def _one_line(e: BaseException) -> str:
