@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 
 
 class UsageError(ValueError):
@@ -48,6 +49,16 @@ _STORAGE_TEXTS = {
 }
 
 
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    """``e`` and the exceptions it chains (``__cause__``, else ``__context__``), each once."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
 def storage_error(e: BaseException, path: str | None = None) -> StorageError | None:
     """The `StorageError` that ``e`` (or an exception it chains) amounts to, else None.
 
@@ -63,10 +74,7 @@ def storage_error(e: BaseException, path: str | None = None) -> StorageError | N
       A one-line `StorageError` ("<path>: <what happened>; <fix>, then rerun the same command
       to resume"), or None when ``e`` is not a storage failure.
     """
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
+    for cur in _chain(e):
         code = cur.errno if isinstance(cur, OSError) else None
         text = str(cur).lower()
         if code not in _STORAGE_ERRNOS:
@@ -76,7 +84,6 @@ def storage_error(e: BaseException, path: str | None = None) -> StorageError | N
             what = os.strerror(code)
             return StorageError(f"{where + ': ' if where else ''}{what}; {_STORAGE_ERRNOS[code]}, "
                                 "then rerun the same command to resume from the latest checkpoint")
-        cur = cur.__cause__ or cur.__context__
     return None
 
 
@@ -99,15 +106,11 @@ def xla_link_error(e: BaseException) -> UsageError | None:
     Returns:
       A one-line `UsageError` naming the cause and the fixes, or None for any other error.
     """
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
+    for cur in _chain(e):
         if _LINK_FAILURE in str(cur).lower():
             return UsageError(
                 "XLA:CPU could not link a compiled program (a 16-bit float conversion needs "
                 "F16C, which this CPU or the XLA_FLAGS --xla_cpu_max_isa cap lacks): drop the "
                 "--xla_cpu_max_isa cap or --xla_cpu_use_fusion_emitters=false, or use "
                 "rollout.precision=bf16 (or rollout.fp8_format=e4m3) on this CPU")
-        cur = cur.__cause__ or cur.__context__
     return None
