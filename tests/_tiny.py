@@ -20,14 +20,18 @@ TINY_3_STEPS = ["train.learning_rate=0.003", "train.steps=3", "checkpoint.every=
 def child_env(devices: int | None = None) -> dict[str, str]:
     """The environment of a child process that sets up its own CPU devices: this process's,
     without JAX_NUM_CPU_DEVICES and without any XLA flag but the suite's compiler setting
-    (tests/conftest.py); ``devices`` simulated CPU devices when given."""
+    (tests/conftest.py) and an ISA cap (``--xla_cpu_max_isa``: the child is the same machine
+    type, so it computes the same bits as this process); ``devices`` simulated CPU devices
+    when given."""
     import os
 
     from conftest import NO_FUSION_EMITTERS
 
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
-    if NO_FUSION_EMITTERS in os.environ.get("XLA_FLAGS", "").split():
-        env["XLA_FLAGS"] = NO_FUSION_EMITTERS
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if f == NO_FUSION_EMITTERS or f.startswith("--xla_cpu_max_isa=")]
+    if kept:
+        env["XLA_FLAGS"] = " ".join(kept)
     if devices is not None:
         env["JAX_NUM_CPU_DEVICES"] = str(devices)
     return env

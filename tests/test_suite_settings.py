@@ -110,3 +110,22 @@ def test_the_longest_files_go_first_each_in_its_own_order(monkeypatch):
     got = [i.nodeid for i in _schedule.longest_first([Item(n) for n in ids])]
     assert got == ["tests/d.py::t", "tests/c.py::t", "tests/a.py::t1", "tests/a.py::t2",
                    "tests/b.py::t[1]", "tests/b.py::t[2]"]
+
+
+@pytest.mark.parametrize("flags,want", [
+    ("--xla_cpu_max_isa=SSE4_2 --xla_dump_to=/tmp/x", "--xla_cpu_max_isa=SSE4_2"),
+    (f"--a=1 {NO_FUSION_EMITTERS} --xla_cpu_max_isa=AVX2",
+     f"{NO_FUSION_EMITTERS} --xla_cpu_max_isa=AVX2"),
+    ("--xla_force_host_platform_device_count=4", None),
+])
+def test_a_child_process_keeps_the_isa_cap_and_the_suite_setting_only(monkeypatch, flags, want):
+    """A run a test starts in a child process computes on the same machine type as the test
+    (under the ISA check's ``--xla_cpu_max_isa=SSE4_2`` a child without the cap computed
+    AVX-512's bits and a resumed run parted from the local one at 2.5e-4)."""
+    from _tiny import child_env
+
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")
+    env = child_env(devices=2)
+    assert env.get("XLA_FLAGS") == want
+    assert env["JAX_NUM_CPU_DEVICES"] == "2"
