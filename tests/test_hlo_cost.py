@@ -191,3 +191,31 @@ def test_flash_attention_custom_calls_priced_by_their_own_roofline():
     # the dkv kernel, told by its instruction name; one without a flash name stays unpriced
     assert items["flash_mha_bwd_dkv_block_q_major_128.2"].flops == 8 * unit
     assert "dkv.1" not in items and "other" not in items and "host" not in items
+
+
+_SPLASH = """HloModule splash, is_scheduled=true
+
+ENTRY %main (n: s8[4,2,2], q: bf16[2,4,256,128], k: bf16[2,2,256,128], v: bf16[2,2,256,128], s: s32[2,256]) -> bf16[2,4,256,128] {
+  %n = s8[4,2,2]{2,1,0} parameter(0)
+  %q = bf16[2,4,256,128]{3,2,1,0} parameter(1)
+  %k = bf16[2,2,256,128]{3,2,1,0} parameter(2)
+  %v = bf16[2,2,256,128]{3,2,1,0} parameter(3)
+  %s = s32[2,256]{1,0} parameter(4)
+  %fwd = (bf16[2,4,256,128]{3,2,1,0}, f32[2,4,256,128]{3,2,1,0}) custom-call(%n, %n, %q, %k, %v, %s), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/splash_mha_fwd_segmented_residuals/pallas_call"}
+  %o = bf16[2,4,256,128]{3,2,1,0} get-tuple-element(%fwd), index=0
+  %dkv = (bf16[2,2,256,128]{3,2,1,0}, bf16[2,2,256,128]{3,2,1,0}) custom-call(%n, %q, %k, %v, %s, %o), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/splash_mha_dkv_segmented_no_residuals/pallas_call"}
+  ROOT %dq = bf16[2,4,256,128]{3,2,1,0} custom-call(%n, %q, %k, %v, %s, %o), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/splash_mha_dq_segmented_no_residuals/pallas_call"}
+}
+"""
+
+
+def test_splash_attention_custom_calls_priced_with_native_gqa():
+    """Splash kernels: block tables (integers) before q; 4 query heads over 2 kv heads."""
+    items = {p.name: p for p in hc.price(hs.parse_hlo(_SPLASH), "main")}
+    x = 2 * 4 * 256 * 128  # elements of q / o
+    unit = 2 * 4 * 256 * 256 * 128  # B Q Tq Tk D: each query head over all 256 keys
+    tables = 4 * 2 * 2  # s8
+    assert items["fwd"].flops == 4 * unit
+    assert items["fwd"].bytes == 2 * tables + 2 * x + 2 * 2 * (x // 2) + 2 * 256 * 4 + 2 * x + 4 * x
+    assert items["dkv"].flops == 8 * unit and items["dq"].flops == 6 * unit
+    assert items["dq"].bytes == tables + 2 * x + 2 * 2 * (x // 2) + 2 * 256 * 4 + 2 * x + 2 * x

@@ -60,6 +60,7 @@ __all__ = [
     "bidirectional_mask",
     "causal_mask",
     "dequantize_view",
+    "kernel_len",
     "reference",
     "resolve",
 ]
@@ -134,6 +135,18 @@ def resolve(
     if backend == "tpu" and T != 1:
         return "pallas"
     return "reference"
+
+
+def kernel_len(cfg: Any, T: int) -> int:
+    """The sequence length a full pass of ``T`` tokens should run at: ``T`` rounded up to the
+    TPU kernel's block (`ais_jax.models.attention_pallas.padded_len`) where ``cfg.attention``
+    resolves to ``pallas``, else ``T``.  Padding the trunk once (trailing padding tokens,
+    masked) spares a pad and a slice of q / k / v / o in every layer."""
+    if T == 1 or resolve(cfg.attention, head_dim=cfg.head_dim, T=T) != "pallas":
+        return T
+    from ais_jax.models.attention_pallas import padded_len
+
+    return padded_len(T)
 
 
 def cudnn_fits(dtype: Any, head_dim: int) -> bool:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from ais_jax.method.distributions import token_logprob_pair, token_logprobs
 from ais_jax.models import model as model_lib
-from ais_jax.models.attention import causal_mask
+from ais_jax.models.attention import causal_mask, kernel_len
 
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,  # keep every activation of the backward pass
@@ -70,6 +70,10 @@ def hidden_states(
         raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {remat!r}")
     B, T = tokens.shape
     mask = jnp.ones((B, T), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
+    Tp = kernel_len(cfg, T)  # the TPU kernel's blocks: pad once here, not in every layer
+    if Tp != T:
+        tokens = jnp.pad(tokens, ((0, 0), (0, Tp - T)))
+        mask = jnp.pad(mask, ((0, 0), (0, Tp - T)))  # padding keys, seen by no real query
     pos = model_lib.positions_from_mask(mask)
     attn_mask = causal_mask(mask)  # padding queries see themselves
     inv_freq = model_lib.rope_inv_freq(cfg)
@@ -82,7 +86,7 @@ def hidden_states(
     if remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
     x, _ = jax.lax.scan(body, model_lib._embed(params, tokens), params["layers"])
-    return pin(x)
+    return pin(x[:, :T] if Tp != T else x)
 
 
 def head_logprobs(
