@@ -87,17 +87,35 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 
 def apply_rope(
-    x: jax.Array, pos: jax.Array, inv_freq: jax.Array, heads_axis: int = 2
+    x: jax.Array, pos: jax.Array, inv_freq: jax.Array, heads_axis: int = 2, matmul: bool = False
 ) -> jax.Array:
     """Rotate ``x`` ``[B, T, N, H]`` at integer positions ``pos`` ``[B, T]`` (half-split layout);
-    ``heads_axis=1``: ``x`` is head-major ``[B, N, T, H]``."""
+    ``heads_axis=1``: ``x`` is head-major ``[B, N, T, H]``.  ``matmul``: the half swap
+    ``[-x2, x1]`` as a product with a signed ``[H, H]`` permutation (`rotate_half_matrix`;
+    exact, float32 accumulation), which the TPU compiler fuses where it would materialize the
+    two halves of a lane-split ``concatenate``."""
     ang = pos.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
     cos = jnp.expand_dims(jnp.concatenate([jnp.cos(ang)] * 2, -1), heads_axis)  # [B, T, 1, H]
     sin = jnp.expand_dims(jnp.concatenate([jnp.sin(ang)] * 2, -1), heads_axis)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    rot = jnp.concatenate([-x2, x1], axis=-1)
+    if matmul:
+        r = rotate_half_matrix(x.shape[-1], x.dtype)
+        rot = jnp.einsum(
+            "...i,ij->...j", x, r, preferred_element_type=jnp.float32,
+            precision=jax.lax.Precision.HIGHEST,
+        ).astype(x.dtype)
+    else:
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        rot = jnp.concatenate([-x2, x1], axis=-1)
     return x * cos + rot * sin
+
+
+def rotate_half_matrix(H: int, dtype: Any = jnp.float32) -> jax.Array:
+    """``R`` ``[H, H]`` with ``x @ R == concatenate([-x[H/2:], x[:H/2]])`` (entries 0 / +-1)."""
+    half = H // 2
+    i, j = jnp.arange(H)[:, None], jnp.arange(H)[None, :]
+    r = jnp.where(i == j + half, -1.0, 0.0) + jnp.where(i + half == j, 1.0, 0.0)
+    return r.astype(dtype)
 
 
 ACT_INPUTS = ("qkv", "o", "gate_up", "down")  # the 4 linear inputs of a block, in order
@@ -213,8 +231,8 @@ def _attention_heads(h, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig) -> 
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
-    q = apply_rope(q, pos, inv_freq, heads_axis=1)
-    k = apply_rope(k, pos, inv_freq, heads_axis=1)
+    q = apply_rope(q, pos, inv_freq, heads_axis=1, matmul=True)
+    k = apply_rope(k, pos, inv_freq, heads_axis=1, matmul=True)
     o = flash_heads(q, k, v, mask.kv_valid, causal=mask.q_slot is not None)  # [B, Q, T, H]
     wo = lp["wo"]
     wo = wo.reshape(wo.shape[0], Q, -1).astype(h.dtype)  # [D, Q, H]
