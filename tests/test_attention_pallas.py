@@ -129,35 +129,35 @@ def test_llada_forward_pallas_equals_reference():
 
 
 def test_rotate_half_matrix_and_matmul_rope_are_exact():
-    from ais_jax.models import model as M
+    from ais_jax.models import model as mm
 
-    r = M.rotate_half_matrix(4)
+    r = mm.rotate_half_matrix(4)
     x = jnp.arange(1.0, 5.0)  # [1, 2, 3, 4] -> [-3, -4, 1, 2]
     assert np.array_equal(x @ r, jnp.array([-3.0, -4.0, 1.0, 2.0]))
-    inv = M.rope_inv_freq(M.ModelConfig(64, 32, 48, 1, 4, 2, 8))
+    inv = mm.rope_inv_freq(mm.ModelConfig(64, 32, 48, 1, 4, 2, 8))
     pos = jnp.array([[0, 0, 1, 2, 3], [0, 1, 2, 3, 4]])
     for dtype in (jnp.float32, jnp.bfloat16):
         q = jax.random.normal(jax.random.key(5), (2, 5, 3, 8)).astype(dtype)  # [B, T, N, H]
-        want = M.apply_rope(q, pos, inv)
-        got = M.apply_rope(q.transpose(0, 2, 1, 3), pos, inv, heads_axis=1, matmul=True)
+        want = mm.apply_rope(q, pos, inv)
+        got = mm.apply_rope(q.transpose(0, 2, 1, 3), pos, inv, heads_axis=1, matmul=True)
         assert np.array_equal(np.asarray(got.transpose(0, 2, 1, 3)), np.asarray(want))
 
 
 def test_kernel_len_and_head_major_choice():
     import dataclasses
 
-    from ais_jax.models import model as M
+    from ais_jax.models import model as mm
 
-    cfg = M.ModelConfig(64, 32, 48, 1, 4, 2, 8, attention="pallas")
+    cfg = mm.ModelConfig(64, 32, 48, 1, 4, 2, 8, attention="pallas")
     assert att.kernel_len(cfg, 767) == 768 and att.kernel_len(cfg, 256) == 256
     assert att.kernel_len(cfg, 1) == 1  # a decode step: no kernel
     ref = dataclasses.replace(cfg, attention="reference")
     assert att.kernel_len(ref, 767) == 767
-    lp = jax.tree.map(lambda a: a[0], M.init_params(jax.random.key(0), cfg)["layers"])
+    lp = jax.tree.map(lambda a: a[0], mm.init_params(jax.random.key(0), cfg)["layers"])
     h = jnp.zeros((1, 7, 32))
-    assert M.heads_major(lp, cfg, h) and not M.heads_major(lp, ref, h)
-    assert not M.heads_major({**lp, "wq": object()}, cfg, h)  # a quantized / LoRA weight
-    assert not M.heads_major({"wqkv": lp["wq"]}, cfg, h)  # the rollout's fused layout
+    assert mm.heads_major(lp, cfg, h) and not mm.heads_major(lp, ref, h)
+    assert not mm.heads_major({**lp, "wq": object()}, cfg, h)  # a quantized / LoRA weight
+    assert not mm.heads_major({"wqkv": lp["wq"]}, cfg, h)  # the rollout's fused layout
 
 
 @pytest.mark.slow  # interpret mode, one block: ~10 s on the shared cores
@@ -167,7 +167,7 @@ def test_head_major_block_equals_token_major_reference():
     valid positions, float32."""
     import dataclasses
 
-    from ais_jax.models import model as M
+    from ais_jax.models import model as mm
     from tests._models import FULL, random_params
 
     cfg = dataclasses.replace(FULL, num_layers=1)
@@ -175,18 +175,18 @@ def test_head_major_block_equals_token_major_reference():
     valid = jnp.ones((2, 20), bool).at[0, :5].set(False)
     x = jax.random.normal(jax.random.key(6), (2, 20, cfg.hidden_size))
     w = jax.random.normal(jax.random.key(7), x.shape) * valid[..., None]
-    pos, mask, inv = M.positions_from_mask(valid), att.causal_mask(valid), M.rope_inv_freq(cfg)
+    pos, mask, inv = mm.positions_from_mask(valid), att.causal_mask(valid), mm.rope_inv_freq(cfg)
 
     def run(impl):
         c = dataclasses.replace(cfg, attention=impl)
 
         def loss(lp, x):
-            y, (k, v) = M._layer(x, lp, pos, mask, inv, c)
+            y, (k, v) = mm._layer(x, lp, pos, mask, inv, c)
             return jnp.sum(y * w), (y, k, v)
 
         return jax.grad(loss, (0, 1), has_aux=True)(lp, x)
 
-    assert M.heads_major(lp, dataclasses.replace(cfg, attention="pallas"), x)
+    assert mm.heads_major(lp, dataclasses.replace(cfg, attention="pallas"), x)
     (gp, outp), (gr, outr) = run("pallas"), run("reference")
     ok = np.asarray(valid)[..., None]
     for a, b in zip(outp, outr, strict=True):
