@@ -226,7 +226,13 @@ def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttnMask) -> jax.Arra
 
 
 def attend(
-    q: jax.Array, k: Any, v: Any, mask: AttnMask, impl: str = "auto", chunk: int = DEFAULT_CHUNK
+    q: jax.Array,
+    k: Any,
+    v: Any,
+    mask: AttnMask,
+    impl: str = "auto",
+    chunk: int = DEFAULT_CHUNK,
+    mesh: Any = None,
 ) -> jax.Array:
     """Grouped-query attention by the implementation ``impl`` resolves to (`resolve`).
 
@@ -237,6 +243,8 @@ def attend(
       mask: the `AttnMask` (`causal_mask`, `bidirectional_mask`).
       impl: one of `IMPLEMENTATIONS`.
       chunk: keys per block of ``chunked``.
+      mesh: the program's device mesh, for ``pallas`` on several devices
+        (`ais_jax.models.attention_pallas.flash_heads`); None: one device.
 
     Returns:
       ``[B, T, Q*H]`` in ``q.dtype``.
@@ -253,7 +261,7 @@ def attend(
     if which == "pallas":
         from ais_jax.models.attention_pallas import flash
 
-        return flash(q, k, v, mask.kv_valid, causal=mask.q_slot is not None)
+        return flash(q, k, v, mask.kv_valid, causal=mask.q_slot is not None, mesh=mesh)
     if which == "reference":
         if mask.q_slot is None:
             return reference_bidirectional(q, k, v, mask.kv_valid)

@@ -27,7 +27,10 @@ it skips the key blocks a causal mask hides.  This wrapper adapts our attention 
 - **scale**: the kernel takes none; the queries are multiplied by ``1 / sqrt(H)`` first (in
   their dtype, fused into their producer).
 - **batch**: the kernel attends one row; rows are ``jax.vmap``-ed on TPU (the grid gains a
-  dimension) and looped on CPU.
+  dimension) and looped on CPU.  On a mesh of several devices the call runs under
+  ``jax.shard_map`` (rows over the batch axes): the SPMD partitioner cannot split a Mosaic
+  kernel ("Mosaic kernels cannot be automatically partitioned"), so the trunk passes its
+  mesh down (`ais_jax.training.logprobs.hidden_states`).
 - **all-padding rows** (LLaDA's bidirectional forward of an empty row): the reference
   averages every key uniformly (all scores masked alike), the kernel softmaxes the row's
   padding keys by their scores; both finite, neither read.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -109,8 +113,23 @@ def _interp_bwd(causal, res, g):
 _interpreted.defvjp(_interp_fwd, _interp_bwd)
 
 
+def _sharded(run: Any, mesh: Any, Qn: int, Kn: int) -> Any:
+    """``run`` under ``jax.shard_map`` over ``mesh``: rows over the batch axes, heads over
+    ``tensor`` where it divides both head counts (a Mosaic kernel is one custom call that
+    the SPMD partitioner cannot split)."""
+    from jax.sharding import PartitionSpec as P
+
+    from ais_jax.training.sharding import BATCH_AXES
+
+    tp = dict(mesh.shape).get("tensor", 1)
+    heads = "tensor" if tp > 1 and Qn % tp == 0 and Kn % tp == 0 else None
+    x, seg = P(BATCH_AXES, heads), P(BATCH_AXES)
+    return jax.shard_map(run, mesh=mesh, in_specs=(x, x, x, seg), out_specs=x, check_vma=False)
+
+
 def flash_heads(
-    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool
+    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool,
+    mesh: Any = None,
 ) -> jax.Array:
     """Grouped-query attention by the splash kernel, head-major, one query per key slot.
 
@@ -120,6 +139,9 @@ def flash_heads(
       v: ``[B, K, T, H]`` values; cast to ``q.dtype``.
       kv_valid: ``[B, T]`` bool, the valid key slots (padding: False).
       causal: query ``t`` sees the valid keys ``<= t``; else every valid key.
+      mesh: the program's device mesh (`ais_jax.training.sharding.make_mesh`); with more
+        than one device the kernel runs under ``jax.shard_map``, rows over the batch axes
+        (``B`` divisible by them, as the trunk's batch sharding needs anyway).
 
     Returns:
       ``[B, Q, T, H]`` in ``q.dtype`` (softmax in float32 inside the kernel).
@@ -134,12 +156,21 @@ def flash_heads(
     widths = ((0, 0), (0, 0), (0, pad), (0, 0))
     qs = jnp.pad((q * (1.0 / math.sqrt(H))).astype(q.dtype), widths)
     ks, vs = (jnp.pad(a.astype(q.dtype), widths) for a in (k, v))
-    run = _interpreted if jax.default_backend() == "cpu" else _call
-    o = run(qs, ks, vs, seg, causal)
+    kern = _interpreted if jax.default_backend() == "cpu" else _call
+
+    def run(q, k, v, seg):
+        return kern(q, k, v, seg, causal)
+
+    if mesh is not None and mesh.size > 1:
+        run = _sharded(run, mesh, q.shape[1], k.shape[1])
+    o = run(qs, ks, vs, seg)
     return o[:, :, :T].astype(q.dtype)
 
 
-def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool) -> jax.Array:
+def flash(
+    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool,
+    mesh: Any = None,
+) -> jax.Array:
     """`flash_heads` for token-major inputs (`ais_jax.models.attention.attend`'s layout).
 
     Args:
@@ -148,6 +179,7 @@ def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal:
       v: ``[B, T, K, H]`` values.
       kv_valid: ``[B, T]`` bool, the valid key slots.
       causal: as `flash_heads`.
+      mesh: as `flash_heads`.
 
     Returns:
       ``[B, T, Q*H]`` in ``q.dtype``.
@@ -158,5 +190,5 @@ def flash(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal:
             f"pallas attention needs one query per key slot, got T={T}, S={k.shape[1]}"
         )
     qh, kh, vh = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
-    o = flash_heads(qh, kh, vh, kv_valid, causal)  # [B, Q, T, H]
+    o = flash_heads(qh, kh, vh, kv_valid, causal, mesh)  # [B, Q, T, H]
     return o.transpose(0, 2, 1, 3).reshape(B, T, Qn * H)

@@ -122,7 +122,7 @@ ACT_INPUTS = ("qkv", "o", "gate_up", "down")  # the 4 linear inputs of a block, 
 
 
 def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None,
-           *, kv_update=None, rows=None, calibrate=False):
+           *, kv_update=None, rows=None, calibrate=False, mesh=None):
     """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
 
     ``mask``: which keys each query sees (`ais_jax.models.attention.AttnMask`);
@@ -141,7 +141,8 @@ def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None
     attends to the returned ``[B, S, K, H]`` keys / values and returns
     ``(k', v')``, the updated cache entries.  ``cache_kv`` (one layer's key
     and value buffers in the layout of `ais_jax.models.kv_cache.KVCache`) with
-    ``index`` is that update at slot ``index``.
+    ``index`` is that update at slot ``index``.  ``mesh``: the program's device mesh, for
+    the TPU attention kernel on several devices (`ais_jax.models.attention.attend`).
     """
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -155,7 +156,7 @@ def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None
 
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     if kv_update is None and cache_kv is None and not calibrate and heads_major(lp, cfg, h):
-        a, (k, v) = _attention_heads(h, lp, pos, mask, inv_freq, cfg)
+        a, (k, v) = _attention_heads(h, lp, pos, mask, inv_freq, cfg, mesh)
         return _mlp(x + a, lp, cfg, lin), (k, v)
     if "wqkv" in lp:  # the rollout's fused layout (ais_jax.models.fused): one GEMM
         qkv = lin(h, "wqkv", 0)  # [B, T, QH + 2 KH]
@@ -176,7 +177,7 @@ def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None
         (k, v), (kx, vx) = kv_update(k, v)
     else:
         kx, vx = k, v
-    o = attend(q, kx, vx, mask, cfg.attention, cfg.attention_chunk)  # [B, T, Q*H]
+    o = attend(q, kx, vx, mask, cfg.attention, cfg.attention_chunk, mesh)  # [B, T, Q*H]
     x = _mlp(x + lin(o, "wo", 1), lp, cfg, lin)
     if calibrate:
         return x, ((k, v), jnp.stack(amax))
@@ -215,7 +216,7 @@ def _heads_linear(h: jax.Array, w: jax.Array, b: jax.Array | None, n: int) -> ja
     return y.astype(h.dtype)
 
 
-def _attention_heads(h, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig) -> Any:
+def _attention_heads(h, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, mesh=None) -> Any:
     """The block's attention half (``o_proj(attention)``, ``[B, T, D]``, and the rotated keys
     and values ``[B, T, K, H]`` as `_layer` returns them) in the TPU kernel's
     head-major layout: q / k / v projected to ``[B, N, T, H]``, normed and rotated there, the
@@ -233,7 +234,7 @@ def _attention_heads(h, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig) -> 
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q = apply_rope(q, pos, inv_freq, heads_axis=1, matmul=True)
     k = apply_rope(k, pos, inv_freq, heads_axis=1, matmul=True)
-    o = flash_heads(q, k, v, mask.kv_valid, causal=mask.q_slot is not None)  # [B, Q, T, H]
+    o = flash_heads(q, k, v, mask.kv_valid, mask.q_slot is not None, mesh)  # [B, Q, T, H]
     wo = lp["wo"]
     wo = wo.reshape(wo.shape[0], Q, -1).astype(h.dtype)  # [D, Q, H]
     y = jnp.einsum("bnth,dnh->btd", o, wo, preferred_element_type=jnp.float32)

@@ -61,7 +61,13 @@ def hidden_states(
       mask: ``[B, T]`` validity (left padding 0); default all valid.
       remat: per-layer rematerialization policy, a key of `REMAT_POLICIES`.
       constrain: applied to the residual stream ``[B, T, D]`` entering each
-        layer and leaving the last (e.g. a batch-sharding constraint).
+        layer and leaving the last (e.g. a batch-sharding constraint); its ``mesh``
+        attribute, if any (`ais_jax.training.sharding.batch_constraint`), is the mesh the
+        TPU attention kernel runs under ``jax.shard_map`` over.
+
+    On the TPU kernel's path the sequence is padded once to the kernel's block
+    (`ais_jax.models.attention.kernel_len`: trailing padding tokens, masked) and the
+    result sliced back to ``T``.
 
     Returns:
       ``[B, T, D]`` in the params' dtype.
@@ -78,9 +84,10 @@ def hidden_states(
     attn_mask = causal_mask(mask)  # padding queries see themselves
     inv_freq = model_lib.rope_inv_freq(cfg)
     pin = constrain if constrain is not None else (lambda x: x)
+    mesh = getattr(constrain, "mesh", None)  # for the TPU kernel's shard_map (batch_constraint)
 
     def body(x: jax.Array, lp: dict) -> tuple[jax.Array, None]:
-        x, _ = model_lib._layer(pin(x), lp, pos, attn_mask, inv_freq, cfg, rows=mask)
+        x, _ = model_lib._layer(pin(x), lp, pos, attn_mask, inv_freq, cfg, rows=mask, mesh=mesh)
         return x, None
 
     if remat != "none":
