@@ -128,7 +128,11 @@ def _sharded(run: Any, mesh: Any, Qn: int, Kn: int) -> Any:
 
 
 def flash_heads(
-    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    kv_valid: jax.Array,
+    causal: bool,
     mesh: Any = None,
 ) -> jax.Array:
     """Grouped-query attention by the splash kernel, head-major, one query per key slot.
@@ -168,7 +172,11 @@ def flash_heads(
 
 
 def flash(
-    q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array, causal: bool,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    kv_valid: jax.Array,
+    causal: bool,
     mesh: Any = None,
 ) -> jax.Array:
     """`flash_heads` for token-major inputs (`ais_jax.models.attention.attend`'s layout).
