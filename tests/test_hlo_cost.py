@@ -219,3 +219,34 @@ def test_splash_attention_custom_calls_priced_with_native_gqa():
     assert items["fwd"].bytes == 2 * tables + 2 * x + 2 * 2 * (x // 2) + 2 * 256 * 4 + 2 * x + 4 * x
     assert items["dkv"].flops == 8 * unit and items["dq"].flops == 6 * unit
     assert items["dq"].bytes == tables + 2 * x + 2 * 2 * (x // 2) + 2 * 256 * 4 + 2 * x + 2 * x
+
+
+_MULTILINE = """HloModule m, is_scheduled=true
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %k = f32[8]{0} custom-call(%x), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 256}"
+}}, metadata={op_name="jit(f)/splash_mha_fwd/pallas_call"}
+  ROOT %after = f32[8]{0} negate(%k)
+}
+"""
+
+
+def test_parse_joins_an_instruction_spanning_lines():
+    """A Pallas kernel's ``kernel_metadata`` holds newlines; its tail starts at column 0 and
+    must not end the computation (everything after it was dropped before)."""
+    mod = hs.parse_hlo(_MULTILINE)
+    names = [i.name for i in mod.computations["main"]]
+    assert names == ["x", "k", "after"]
+    assert mod.computations["main"][1].operands == ("x",)
+
+
+def test_batch_as_window_convolution_over_a_size_one_input_has_one_tap():
+    """TPU HLO writes a batched matmul (here ``btd,nhd->bnth``) as a convolution whose batch
+    dim is a 64-wide window over a padded size-1 input: one valid tap per output."""
+    types = {"w": "bf16[16,128,1024,1]{2,1,0,3}", "h": "bf16[64,768,1024,1]{2,1,3,0}"}
+    ins = hs.Instr("c", "f32[16,128,64,768]{1,3,0,2}", "convolution", ("w", "h"),
+                   ", window={size=64x1 pad=63_63x0_0 rhs_reversal=1x0}, "
+                   "dim_labels=1bf0_0oi1->1b0f")
+    assert hc._gemm_flops(ins, types) == 2.0 * 16 * 128 * 64 * 768 * 1024
