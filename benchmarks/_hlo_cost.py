@@ -16,11 +16,12 @@ Helpers of ``benchmarks/deviceless_cost.py`` (pure text, no jax), on top of
   inside counts its slices), time ``max(flops / peak, bytes / bandwidth)`` per instruction.
   One flop rate for every dtype, on-chip (VMEM) traffic charged as HBM traffic, no launch
   overhead and no interconnect: a bound, not a prediction.
-* `flash_cost`: the one custom call priced, JAX's Pallas TPU flash attention
+* `flash_cost`: the one custom call priced, JAX's Pallas TPU flash / splash attention
   (``custom_call_target="tpu_custom_call"`` whose name or ``op_name`` names the kernel):
-  q ``[B, N, Tq, D]`` (operand 0), k ``[B, N, Tk, D]`` (operand 1); FLOPs ``c x B x N x Tq x Tk
-  x D`` with ``c`` = 4 forward (``QK^T``, ``PV``), 8 for the ``dkv`` backward kernel (scores
-  and ``dP`` recomputed, ``dV``, ``dK``), 6 for ``dq`` (scores, ``dP``, ``dQ``), every block
+  q ``[..., N, Tq, D]`` (the first floating-point operand; a splash kernel's integer block
+  tables come before it), k ``[..., Tk, D]`` (the second); FLOPs ``c x B x N x Tq x Tk x D``
+  with ``c`` = 4 forward (``QK^T``, ``PV``), 8 for the ``dkv`` backward kernel (scores and
+  ``dP`` recomputed, ``dV``, ``dK``), 6 for ``dq`` (scores, ``dP``, ``dQ``), every block
   counted (causal skipping not credited: the mask is inside the serialized kernel); bytes =
   its operands + results, each once (the kernel re-reads k / v once per query block: a lower
   bound on its traffic).  Its own ``estimated_cycles`` is absent (cycles 0).  Any other custom
@@ -62,7 +63,10 @@ CHIPS = {"v5e": ("TPU v5 lite", 197e12, 819e9, 1.5e9),
          "tpu7x": ("TPU7x", 1153.5e12, 3685e9, 2.2e9)}
 
 
-_FLASH = (("flash_mha_bwd_dkv", 8.0), ("flash_mha_bwd_dq", 6.0), ("flash_attention", 4.0))
+_FLASH = (("flash_mha_bwd_dkv", 8.0), ("flash_mha_bwd_dq", 6.0), ("flash_attention", 4.0),
+          ("splash_mha_dkv", 8.0), ("splash_mha_dq", 6.0), ("splash_mha_fwd", 4.0),
+          ("splash_mqa_dkv", 8.0), ("splash_mqa_dq", 6.0), ("splash_mqa_fwd", 4.0))
+_FLOAT = re.compile(r"^(bf16|f16|f32)\[")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
@@ -74,13 +78,13 @@ def flash_cost(ins: hs.Instr, types: dict[str, str]) -> tuple[float, float] | No
     m = _OP_NAME.search(ins.attrs)
     label = ins.name + " " + (m.group(1) if m else "")
     c = next((c for key, c in _FLASH if key in label), None)
-    if c is None or len(ins.operands) < 2:
+    floats = [o for o in ins.operands if _FLOAT.match(types.get(o, ""))]
+    if c is None or len(floats) < 2:
         return None
-    q, k = (_dims(types.get(o, "")) for o in ins.operands[:2])
-    if len(q) != 4 or len(k) != 4:
+    q, k = (_dims(types.get(o, "")) for o in floats[:2])
+    if len(q) < 3 or len(k) < 2:
         return None
-    B, N, Tq, D = q
-    flops = c * B * N * Tq * k[2] * D
+    flops = c * _prod(q) * k[-2]  # c x (B x N x Tq x D) x Tk
     return flops, array_bytes(ins.type) + sum(array_bytes(types.get(o, "")) for o in ins.operands)
 
 
@@ -131,13 +135,17 @@ def _gemm_flops(ins: hs.Instr, types: dict[str, str]) -> float:
         return 2.0 * out
     # the kernel's input features (per group) times the valid taps of its window: TPU HLO
     # writes a batched matmul as a convolution whose batch dims are windows over an input
-    # dilated by the window size (one valid tap per output), so taps = ceil(size / lhs_dilate)
+    # dilated by the window size, or over a padded input of size 1 (one valid tap per
+    # output either way), so taps = min(ceil(size / lhs_dilate), the input's spatial size)
     k = _prod([d for lab, d in zip(m.group(2), kernel, strict=True) if lab == "i"])
     w = _WINDOW.search(ins.attrs)
     field = dict(re.findall(r"(\w+)=([\dx_]+)", w.group(1))) if w else {}
     sizes = [int(x) for x in field.get("size", "").split("x") if x]
     dil = [int(x) for x in field.get("lhs_dilate", "").split("x") if x] or [1] * len(sizes)
-    taps = _prod([-(-s // d) for s, d in zip(sizes, dil, strict=False)])
+    lhs = _dims(types.get(ins.operands[0], ""))
+    spatial = {lab: d for lab, d in zip(m.group(1), lhs, strict=False) if lab.isdigit()}
+    taps = _prod([min(-(-s // d), spatial.get(str(i), s))
+                  for i, (s, d) in enumerate(zip(sizes, dil, strict=False))])
     return 2.0 * out * k * taps
 
 

@@ -116,6 +116,26 @@ def _parse_instr(line: str) -> Instr | None:
     return Instr(m.group(1), typ, op.group(1), operands, rest[close:])
 
 
+def _depth(line: str) -> int:
+    return sum((ch in "({") - (ch in ")}") for ch in line)
+
+
+def _joined(lines: list[str]) -> list[str]:
+    """Lines with an instruction that spans several (a Pallas kernel's ``kernel_metadata``
+    frontend attribute holds newlines) joined into one, so its tail starting at column 0 is
+    not taken for the end of the computation."""
+    out: list[str] = []
+    depth = 0
+    for line in lines:
+        if depth > 0:
+            out[-1] += " " + line
+        else:
+            out.append(line)
+        if line[:1].isspace() or depth > 0:
+            depth = max(depth + _depth(line), 0) if out[-1][:1].isspace() else 0
+    return out
+
+
 def parse_hlo(text: str) -> HloModule:
     """Parse HLO module text (``compiled.as_text()``) into its computations.
 
@@ -127,7 +147,7 @@ def parse_hlo(text: str) -> HloModule:
     """
     comps: dict[str, list[Instr]] = {}
     entry, cur = "", None
-    for line in text.splitlines():
+    for line in _joined(text.splitlines()):
         if line and not line[0].isspace():
             head = re.match(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$", line)
             cur = None

@@ -126,3 +126,120 @@ def test_llada_forward_pallas_equals_reference():
     ref = fwd(params, tokens, dataclasses.replace(base, attention="reference"), mask)
     got = fwd(params, tokens, dataclasses.replace(base, attention="pallas"), mask)
     np.testing.assert_allclose(got[mask], ref[mask], atol=2e-5)
+
+
+def test_rotate_half_matrix_and_matmul_rope_are_exact():
+    from ais_jax.models import model as mm
+
+    r = mm.rotate_half_matrix(4)
+    x = jnp.arange(1.0, 5.0)  # [1, 2, 3, 4] -> [-3, -4, 1, 2]
+    assert np.array_equal(x @ r, jnp.array([-3.0, -4.0, 1.0, 2.0]))
+    inv = mm.rope_inv_freq(mm.ModelConfig(64, 32, 48, 1, 4, 2, 8))
+    pos = jnp.array([[0, 0, 1, 2, 3], [0, 1, 2, 3, 4]])
+    for dtype in (jnp.float32, jnp.bfloat16):
+        q = jax.random.normal(jax.random.key(5), (2, 5, 3, 8)).astype(dtype)  # [B, T, N, H]
+        want = mm.apply_rope(q, pos, inv)
+        got = mm.apply_rope(q.transpose(0, 2, 1, 3), pos, inv, heads_axis=1, matmul=True)
+        assert np.array_equal(np.asarray(got.transpose(0, 2, 1, 3)), np.asarray(want))
+
+
+def test_kernel_len_and_head_major_choice():
+    import dataclasses
+
+    from ais_jax.models import model as mm
+
+    cfg = mm.ModelConfig(64, 32, 48, 1, 4, 2, 8, attention="pallas")
+    assert att.kernel_len(cfg, 767) == 768 and att.kernel_len(cfg, 256) == 256
+    assert att.kernel_len(cfg, 1) == 1  # a decode step: no kernel
+    ref = dataclasses.replace(cfg, attention="reference")
+    assert att.kernel_len(ref, 767) == 767
+    lp = jax.tree.map(lambda a: a[0], mm.init_params(jax.random.key(0), cfg)["layers"])
+    h = jnp.zeros((1, 7, 32))
+    assert mm.heads_major(lp, cfg, h) and not mm.heads_major(lp, ref, h)
+    assert not mm.heads_major({**lp, "wq": object()}, cfg, h)  # a quantized / LoRA weight
+    assert not mm.heads_major({"wqkv": lp["wq"]}, cfg, h)  # the rollout's fused layout
+
+
+@pytest.mark.slow  # interpret mode, one block: ~10 s on the shared cores
+def test_head_major_block_equals_token_major_reference():
+    """`_layer` on the kernel's head-major path (biases, q/k norm, head_dim 12, one kv head,
+    llama3 rope) against the token-major reference block: outputs, k / v and gradients of the
+    valid positions, float32."""
+    import dataclasses
+
+    from ais_jax.models import model as mm
+    from tests._models import FULL, random_params
+
+    cfg = dataclasses.replace(FULL, num_layers=1)
+    lp = jax.tree.map(lambda a: a[0], random_params(cfg)["layers"])
+    valid = jnp.ones((2, 20), bool).at[0, :5].set(False)
+    x = jax.random.normal(jax.random.key(6), (2, 20, cfg.hidden_size))
+    w = jax.random.normal(jax.random.key(7), x.shape) * valid[..., None]
+    pos, mask, inv = mm.positions_from_mask(valid), att.causal_mask(valid), mm.rope_inv_freq(cfg)
+
+    def run(impl):
+        c = dataclasses.replace(cfg, attention=impl)
+
+        def loss(lp, x):
+            y, (k, v) = mm._layer(x, lp, pos, mask, inv, c)
+            return jnp.sum(y * w), (y, k, v)
+
+        return jax.grad(loss, (0, 1), has_aux=True)(lp, x)
+
+    assert mm.heads_major(lp, dataclasses.replace(cfg, attention="pallas"), x)
+    (gp, outp), (gr, outr) = run("pallas"), run("reference")
+    ok = np.asarray(valid)[..., None]
+    for a, b in zip(outp, outr, strict=True):
+        a, b = np.asarray(a).reshape(2, 20, -1), np.asarray(b).reshape(2, 20, -1)
+        np.testing.assert_allclose(np.where(ok, a, 0), np.where(ok, b, 0), atol=2e-5, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(gr), strict=True):
+        np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)
+
+
+_MESH_CHILD = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from ais_jax.models import attention as att, attention_pallas as ap
+from ais_jax.training import sharding as shd
+
+def rows(q, k, v, seg, causal):  # a jnp stand-in for the kernel (interpret mode cannot shard)
+    G = q.shape[1] // k.shape[1]
+    k, v = jnp.repeat(k, G, 1), jnp.repeat(v, G, 1)
+    s = jnp.einsum("bnth,bnsh->bnts", q, k)
+    T = q.shape[2]
+    vis = (seg[:, :, None] == seg[:, None, :]) & (jnp.arange(T)[:, None] >= jnp.arange(T))
+    p = jax.nn.softmax(jnp.where(vis[:, None], s, -1e30), -1)
+    return jnp.einsum("bnts,bnsh->bnth", p, v)
+
+ap._interpreted = rows
+B, Q, K, T, H = 4, 4, 2, 128, 8
+q, k, v = (jax.random.normal(jax.random.key(i), (B, n, T, H)) for i, n in enumerate((Q, K, K)))
+valid = jnp.ones((B, T), bool).at[0, :30].set(False)
+def loss(mesh):
+    f = lambda q, k, v: jnp.sum(ap.flash_heads(q, k, v, valid, True, mesh) ** 2)
+    return jax.jit(jax.value_and_grad(f, (0, 1, 2)))
+want = loss(None)(q, k, v)
+for mesh in (shd.make_mesh(1, 4, 1), shd.make_mesh(1, 2, 2)):
+    fwd = jax.jit(lambda q, k, v: ap.flash_heads(q, k, v, valid, True, mesh))
+    text = fwd.lower(q, k, v).as_text()
+    assert any(s in text for s in ("manual_computation", "SPMDFullToShardShape")), text[:300]
+    got = loss(mesh)(q, k, v)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.slow  # a child interpreter on 4 host devices: ~20 s on the shared cores
+def test_kernel_runs_under_shard_map_on_a_mesh():
+    """On a mesh of several devices the kernel call is shard_mapped (rows over fsdp, heads over
+    tensor): same values and gradients as one device (a jnp stand-in for the kernel: Pallas's
+    interpret mode cannot run sharded; the TPU compile of the 8B update is the check there)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _MESH_CHILD], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

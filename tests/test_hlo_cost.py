@@ -191,3 +191,62 @@ def test_flash_attention_custom_calls_priced_by_their_own_roofline():
     # the dkv kernel, told by its instruction name; one without a flash name stays unpriced
     assert items["flash_mha_bwd_dkv_block_q_major_128.2"].flops == 8 * unit
     assert "dkv.1" not in items and "other" not in items and "host" not in items
+
+
+_SPLASH = """HloModule splash, is_scheduled=true
+
+ENTRY %main (n: s8[4,2,2], q: bf16[2,4,256,128], k: bf16[2,2,256,128], v: bf16[2,2,256,128], s: s32[2,256]) -> bf16[2,4,256,128] {
+  %n = s8[4,2,2]{2,1,0} parameter(0)
+  %q = bf16[2,4,256,128]{3,2,1,0} parameter(1)
+  %k = bf16[2,2,256,128]{3,2,1,0} parameter(2)
+  %v = bf16[2,2,256,128]{3,2,1,0} parameter(3)
+  %s = s32[2,256]{1,0} parameter(4)
+  %fwd = (bf16[2,4,256,128]{3,2,1,0}, f32[2,4,256,128]{3,2,1,0}) custom-call(%n, %n, %q, %k, %v, %s), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/splash_mha_fwd_segmented_residuals/pallas_call"}
+  %o = bf16[2,4,256,128]{3,2,1,0} get-tuple-element(%fwd), index=0
+  %dkv = (bf16[2,2,256,128]{3,2,1,0}, bf16[2,2,256,128]{3,2,1,0}) custom-call(%n, %q, %k, %v, %s, %o), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/splash_mha_dkv_segmented_no_residuals/pallas_call"}
+  ROOT %dq = bf16[2,4,256,128]{3,2,1,0} custom-call(%n, %q, %k, %v, %s, %o), custom_call_target="tpu_custom_call", metadata={op_name="jit(loss)/splash_mha_dq_segmented_no_residuals/pallas_call"}
+}
+"""
+
+
+def test_splash_attention_custom_calls_priced_with_native_gqa():
+    """Splash kernels: block tables (integers) before q; 4 query heads over 2 kv heads."""
+    items = {p.name: p for p in hc.price(hs.parse_hlo(_SPLASH), "main")}
+    x = 2 * 4 * 256 * 128  # elements of q / o
+    unit = 2 * 4 * 256 * 256 * 128  # B Q Tq Tk D: each query head over all 256 keys
+    tables = 4 * 2 * 2  # s8
+    assert items["fwd"].flops == 4 * unit
+    assert items["fwd"].bytes == 2 * tables + 2 * x + 2 * 2 * (x // 2) + 2 * 256 * 4 + 2 * x + 4 * x
+    assert items["dkv"].flops == 8 * unit and items["dq"].flops == 6 * unit
+    assert items["dq"].bytes == tables + 2 * x + 2 * 2 * (x // 2) + 2 * 256 * 4 + 2 * x + 2 * x
+
+
+_MULTILINE = """HloModule m, is_scheduled=true
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %k = f32[8]{0} custom-call(%x), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 256}"
+}}, metadata={op_name="jit(f)/splash_mha_fwd/pallas_call"}
+  ROOT %after = f32[8]{0} negate(%k)
+}
+"""
+
+
+def test_parse_joins_an_instruction_spanning_lines():
+    """A Pallas kernel's ``kernel_metadata`` holds newlines; its tail starts at column 0 and
+    must not end the computation (everything after it was dropped before)."""
+    mod = hs.parse_hlo(_MULTILINE)
+    names = [i.name for i in mod.computations["main"]]
+    assert names == ["x", "k", "after"]
+    assert mod.computations["main"][1].operands == ("x",)
+
+
+def test_batch_as_window_convolution_over_a_size_one_input_has_one_tap():
+    """TPU HLO writes a batched matmul (here ``btd,nhd->bnth``) as a convolution whose batch
+    dim is a 64-wide window over a padded size-1 input: one valid tap per output."""
+    types = {"w": "bf16[16,128,1024,1]{2,1,0,3}", "h": "bf16[64,768,1024,1]{2,1,3,0}"}
+    ins = hs.Instr("c", "f32[16,128,64,768]{1,3,0,2}", "convolution", ("w", "h"),
+                   ", window={size=64x1 pad=63_63x0_0 rhs_reversal=1x0}, "
+                   "dim_labels=1bf0_0oi1->1b0f")
+    assert hc._gemm_flops(ins, types) == 2.0 * 16 * 128 * 64 * 768 * 1024

@@ -68,7 +68,7 @@ class ModelSection:
     # attention implementation (ais_jax.models.attention, docs/architecture.md): auto
     # (cudnn on GPU where it fits, pallas on TPU for full passes, else reference) | reference
     # (full float32 scores) | chunked (online softmax over key blocks: less memory, slower by
-    # the TPU compiler) | cudnn | pallas (JAX's TPU flash-attention kernel)
+    # the TPU compiler) | cudnn | pallas (JAX's TPU splash-attention kernel, native GQA)
     attention: str = "auto"
     attention_chunk: int = 256  # keys per block of the chunked attention
 

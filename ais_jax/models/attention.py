@@ -60,6 +60,7 @@ __all__ = [
     "bidirectional_mask",
     "causal_mask",
     "dequantize_view",
+    "kernel_len",
     "reference",
     "resolve",
 ]
@@ -134,6 +135,18 @@ def resolve(
     if backend == "tpu" and T != 1:
         return "pallas"
     return "reference"
+
+
+def kernel_len(cfg: Any, T: int) -> int:
+    """The sequence length a full pass of ``T`` tokens should run at: ``T`` rounded up to the
+    TPU kernel's block (`ais_jax.models.attention_pallas.padded_len`) where ``cfg.attention``
+    resolves to ``pallas``, else ``T``.  Padding the trunk once (trailing padding tokens,
+    masked) spares a pad and a slice of q / k / v / o in every layer."""
+    if T == 1 or resolve(cfg.attention, head_dim=cfg.head_dim, T=T) != "pallas":
+        return T
+    from ais_jax.models.attention_pallas import padded_len
+
+    return padded_len(T)
 
 
 def cudnn_fits(dtype: Any, head_dim: int) -> bool:
@@ -213,7 +226,13 @@ def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttnMask) -> jax.Arra
 
 
 def attend(
-    q: jax.Array, k: Any, v: Any, mask: AttnMask, impl: str = "auto", chunk: int = DEFAULT_CHUNK
+    q: jax.Array,
+    k: Any,
+    v: Any,
+    mask: AttnMask,
+    impl: str = "auto",
+    chunk: int = DEFAULT_CHUNK,
+    mesh: Any = None,
 ) -> jax.Array:
     """Grouped-query attention by the implementation ``impl`` resolves to (`resolve`).
 
@@ -224,6 +243,8 @@ def attend(
       mask: the `AttnMask` (`causal_mask`, `bidirectional_mask`).
       impl: one of `IMPLEMENTATIONS`.
       chunk: keys per block of ``chunked``.
+      mesh: the program's device mesh, for ``pallas`` on several devices
+        (`ais_jax.models.attention_pallas.flash_heads`); None: one device.
 
     Returns:
       ``[B, T, Q*H]`` in ``q.dtype``.
@@ -240,7 +261,7 @@ def attend(
     if which == "pallas":
         from ais_jax.models.attention_pallas import flash
 
-        return flash(q, k, v, mask.kv_valid, causal=mask.q_slot is not None)
+        return flash(q, k, v, mask.kv_valid, causal=mask.q_slot is not None, mesh=mesh)
     if which == "reference":
         if mask.q_slot is None:
             return reference_bidirectional(q, k, v, mask.kv_valid)

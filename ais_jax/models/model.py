@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ais_jax.models import layout
-from ais_jax.models.attention import AttnMask, attend, causal_mask
+from ais_jax.models.attention import AttnMask, attend, causal_mask, resolve
 from ais_jax.models.fp8 import QuantArray, act_amax, linear, qdot
 from ais_jax.models.fused import split_sizes
 from ais_jax.models.kv_cache import cache_update
@@ -86,22 +86,43 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     return inv / cfg.rope_linear_factor
 
 
-def apply_rope(x: jax.Array, pos: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotate ``x`` ``[B, T, N, H]`` at integer positions ``pos`` ``[B, T]`` (half-split layout)."""
+def apply_rope(
+    x: jax.Array, pos: jax.Array, inv_freq: jax.Array, heads_axis: int = 2, matmul: bool = False
+) -> jax.Array:
+    """Rotate ``x`` ``[B, T, N, H]`` at integer positions ``pos`` ``[B, T]`` (half-split layout);
+    ``heads_axis=1``: ``x`` is head-major ``[B, N, T, H]``.  ``matmul``: the half swap
+    ``[-x2, x1]`` as a product with a signed ``[H, H]`` permutation (`rotate_half_matrix`;
+    exact, float32 accumulation), which the TPU compiler fuses where it would materialize the
+    two halves of a lane-split ``concatenate``."""
     ang = pos.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
-    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]  # [B, T, 1, H]
-    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+    cos = jnp.expand_dims(jnp.concatenate([jnp.cos(ang)] * 2, -1), heads_axis)  # [B, T, 1, H]
+    sin = jnp.expand_dims(jnp.concatenate([jnp.sin(ang)] * 2, -1), heads_axis)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    rot = jnp.concatenate([-x2, x1], axis=-1)
+    if matmul:
+        r = rotate_half_matrix(x.shape[-1], x.dtype)
+        rot = jnp.einsum(
+            "...i,ij->...j", x, r, preferred_element_type=jnp.float32,
+            precision=jax.lax.Precision.HIGHEST,
+        ).astype(x.dtype)
+    else:
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        rot = jnp.concatenate([-x2, x1], axis=-1)
     return x * cos + rot * sin
+
+
+def rotate_half_matrix(H: int, dtype: Any = jnp.float32) -> jax.Array:
+    """``R`` ``[H, H]`` with ``x @ R == concatenate([-x[H/2:], x[:H/2]])`` (entries 0 / +-1)."""
+    half = H // 2
+    i, j = jnp.arange(H)[:, None], jnp.arange(H)[None, :]
+    r = jnp.where(i == j + half, -1.0, 0.0) + jnp.where(i + half == j, 1.0, 0.0)
+    return r.astype(dtype)
 
 
 ACT_INPUTS = ("qkv", "o", "gate_up", "down")  # the 4 linear inputs of a block, in order
 
 
 def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None, index=None,
-           *, kv_update=None, rows=None, calibrate=False):
+           *, kv_update=None, rows=None, calibrate=False, mesh=None):
     """One decoder block. ``x`` [B, T, D]; returns (x', (k, v)).
 
     ``mask``: which keys each query sees (`ais_jax.models.attention.AttnMask`);
@@ -120,7 +141,8 @@ def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None
     attends to the returned ``[B, S, K, H]`` keys / values and returns
     ``(k', v')``, the updated cache entries.  ``cache_kv`` (one layer's key
     and value buffers in the layout of `ais_jax.models.kv_cache.KVCache`) with
-    ``index`` is that update at slot ``index``.
+    ``index`` is that update at slot ``index``.  ``mesh``: the program's device mesh, for
+    the TPU attention kernel on several devices (`ais_jax.models.attention.attend`).
     """
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -133,6 +155,9 @@ def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None
         return linear(h, lp[name], lp.get("b" + name[1:]), rows, act_scale=s)
 
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    if kv_update is None and cache_kv is None and not calibrate and heads_major(lp, cfg, h):
+        a, (k, v) = _attention_heads(h, lp, pos, mask, inv_freq, cfg, mesh)
+        return _mlp(x + a, lp, cfg, lin), (k, v)
     if "wqkv" in lp:  # the rollout's fused layout (ais_jax.models.fused): one GEMM
         qkv = lin(h, "wqkv", 0)  # [B, T, QH + 2 KH]
         q, k, v = jnp.split(qkv, split_sizes("wqkv", Q * H, K * H, 0), axis=-1)
@@ -152,18 +177,70 @@ def _layer(x, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, cache_kv=None
         (k, v), (kx, vx) = kv_update(k, v)
     else:
         kx, vx = k, v
-    o = attend(q, kx, vx, mask, cfg.attention, cfg.attention_chunk)  # [B, T, Q*H]
-    x = x + lin(o, "wo", 1)
+    o = attend(q, kx, vx, mask, cfg.attention, cfg.attention_chunk, mesh)  # [B, T, Q*H]
+    x = _mlp(x + lin(o, "wo", 1), lp, cfg, lin)
+    if calibrate:
+        return x, ((k, v), jnp.stack(amax))
+    return x, (k, v)
+
+
+def _mlp(x: jax.Array, lp: dict, cfg: ModelConfig, lin: Any) -> jax.Array:
+    """The block's MLP half: ``x + down(silu(gate(h)) * up(h))``, ``h`` the normed ``x``."""
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "w_gate_up" in lp:
         gu = lin(h, "w_gate_up", 2)  # [B, T, 2 F]
         g, u = jnp.split(gu, split_sizes("w_gate_up", 0, 0, cfg.intermediate_size), axis=-1)
     else:
         g, u = lin(h, "w_gate", 2), lin(h, "w_up", 2)
-    x = x + lin(jax.nn.silu(g) * u, "w_down", 3)
-    if calibrate:
-        return x, ((k, v), jnp.stack(amax))
-    return x, (k, v)
+    return x + lin(jax.nn.silu(g) * u, "w_down", 3)
+
+
+_HEADS_WEIGHTS = ("wq", "wk", "wv", "wo")
+
+
+def heads_major(lp: dict, cfg: ModelConfig, h: jax.Array) -> bool:
+    """Whether a full pass of this block attends head-major (`_attention_heads`): the attention
+    resolves to the TPU kernel (`ais_jax.models.attention_pallas`) and the attention weights
+    are plain arrays (not FP8 / int8, LoRA, or the rollout's fused ``wqkv``)."""
+    impl = resolve(cfg.attention, dtype=h.dtype, head_dim=cfg.head_dim, T=h.shape[1])
+    return impl == "pallas" and all(isinstance(lp.get(n), jax.Array) for n in _HEADS_WEIGHTS)
+
+
+def _heads_linear(h: jax.Array, w: jax.Array, b: jax.Array | None, n: int) -> jax.Array:
+    """``h [B, T, D] @ w.T + b`` for ``w [n*H, D]``, straight into head-major ``[B, n, T, H]``
+    (float32 accumulation, result in ``h.dtype``, as `ais_jax.models.fp8.linear`)."""
+    w = w.reshape(n, w.shape[0] // n, w.shape[1]).astype(h.dtype)
+    y = jnp.einsum("btd,nhd->bnth", h, w, preferred_element_type=jnp.float32)
+    if b is not None:
+        y = y + b.reshape(n, 1, -1).astype(jnp.float32)
+    return y.astype(h.dtype)
+
+
+def _attention_heads(h, lp, pos, mask: AttnMask, inv_freq, cfg: ModelConfig, mesh=None) -> Any:
+    """The block's attention half (``o_proj(attention)``, ``[B, T, D]``, and the rotated keys
+    and values ``[B, T, K, H]`` as `_layer` returns them) in the TPU kernel's
+    head-major layout: q / k / v projected to ``[B, N, T, H]``, normed and rotated there, the
+    kernel's ``[B, Q, T, H]`` output contracted with ``wo`` over (head, dim): no transpose of
+    q / k / v / o in between.  The same numbers as the token-major path, up to float
+    reordering."""
+    from ais_jax.models.attention_pallas import flash_heads
+
+    Q, K = cfg.num_heads, cfg.num_kv_heads
+    q = _heads_linear(h, lp["wq"], lp.get("bq"), Q)
+    k = _heads_linear(h, lp["wk"], lp.get("bk"), K)
+    v = _heads_linear(h, lp["wv"], lp.get("bv"), K)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    q = apply_rope(q, pos, inv_freq, heads_axis=1, matmul=True)
+    k = apply_rope(k, pos, inv_freq, heads_axis=1, matmul=True)
+    o = flash_heads(q, k, v, mask.kv_valid, mask.q_slot is not None, mesh)  # [B, Q, T, H]
+    wo = lp["wo"]
+    wo = wo.reshape(wo.shape[0], Q, -1).astype(h.dtype)  # [D, Q, H]
+    y = jnp.einsum("bnth,dnh->btd", o, wo, preferred_element_type=jnp.float32)
+    if lp.get("bo") is not None:
+        y = y + lp["bo"].astype(jnp.float32)
+    return y.astype(h.dtype), (k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
 
 
 def _embed(params: dict, tokens: jax.Array) -> jax.Array:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from ais_jax.method.distributions import token_logprob_pair, token_logprobs
 from ais_jax.models import model as model_lib
-from ais_jax.models.attention import causal_mask
+from ais_jax.models.attention import causal_mask, kernel_len
 
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,  # keep every activation of the backward pass
@@ -61,7 +61,13 @@ def hidden_states(
       mask: ``[B, T]`` validity (left padding 0); default all valid.
       remat: per-layer rematerialization policy, a key of `REMAT_POLICIES`.
       constrain: applied to the residual stream ``[B, T, D]`` entering each
-        layer and leaving the last (e.g. a batch-sharding constraint).
+        layer and leaving the last (e.g. a batch-sharding constraint); its ``mesh``
+        attribute, if any (`ais_jax.training.sharding.batch_constraint`), is the mesh the
+        TPU attention kernel runs under ``jax.shard_map`` over.
+
+    On the TPU kernel's path the sequence is padded once to the kernel's block
+    (`ais_jax.models.attention.kernel_len`: trailing padding tokens, masked) and the
+    result sliced back to ``T``.
 
     Returns:
       ``[B, T, D]`` in the params' dtype.
@@ -70,19 +76,24 @@ def hidden_states(
         raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {remat!r}")
     B, T = tokens.shape
     mask = jnp.ones((B, T), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
+    Tp = kernel_len(cfg, T)  # the TPU kernel's blocks: pad once here, not in every layer
+    if Tp != T:
+        tokens = jnp.pad(tokens, ((0, 0), (0, Tp - T)))
+        mask = jnp.pad(mask, ((0, 0), (0, Tp - T)))  # padding keys, seen by no real query
     pos = model_lib.positions_from_mask(mask)
     attn_mask = causal_mask(mask)  # padding queries see themselves
     inv_freq = model_lib.rope_inv_freq(cfg)
     pin = constrain if constrain is not None else (lambda x: x)
+    mesh = getattr(constrain, "mesh", None)  # for the TPU kernel's shard_map (batch_constraint)
 
     def body(x: jax.Array, lp: dict) -> tuple[jax.Array, None]:
-        x, _ = model_lib._layer(pin(x), lp, pos, attn_mask, inv_freq, cfg, rows=mask)
+        x, _ = model_lib._layer(pin(x), lp, pos, attn_mask, inv_freq, cfg, rows=mask, mesh=mesh)
         return x, None
 
     if remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
     x, _ = jax.lax.scan(body, model_lib._embed(params, tokens), params["layers"])
-    return pin(x)
+    return pin(x[:, :T] if Tp != T else x)
 
 
 def head_logprobs(

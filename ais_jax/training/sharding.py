@@ -188,12 +188,15 @@ def batch_constraint(mesh: Mesh, axis: int = 0) -> Any:
     """``x -> x`` pinned to rows sharded over ``("data", "fsdp")`` on dimension ``axis``.
 
     Used on activations inside the update, so FSDP gathers each layer's weights
-    (ZeRO-3) instead of replicating the minibatch against width-sharded weights.
+    (ZeRO-3) instead of replicating the minibatch against width-sharded weights.  The
+    function carries ``mesh`` (``constrain.mesh``): the trunk runs its TPU attention
+    kernel under ``jax.shard_map`` over it (`ais_jax.models.attention_pallas.flash_heads`).
     """
     def constrain(x: jax.Array) -> jax.Array:
         spec = [None] * x.ndim
         spec[axis] = BATCH_AXES
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+    constrain.mesh = mesh  # type: ignore[attr-defined]  # the trunk's kernels shard_map over it
     return constrain
 
 
