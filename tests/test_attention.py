@@ -134,8 +134,9 @@ def test_fixed_scale_fp8_values_normalized_after_the_matmul(kind):
     qb, kb, vb = q.astype(jnp.bfloat16), k8.astype(jnp.bfloat16), v8.astype(jnp.bfloat16)
     want = _numpy_attention(qb, k8 * sk, v8 * sv, visible)
     got = att.attend(qb, ScaledView(kb, sk), ScaledView(vb, sv), mask, "reference")
-    plain = att.attend(qb, (kb * sk).astype(jnp.bfloat16), (vb * sv).astype(jnp.bfloat16), mask,
-                       "reference")
+    plain = att.attend(
+        qb, (kb * sk).astype(jnp.bfloat16), (vb * sv).astype(jnp.bfloat16), mask, "reference"
+    )
     err, err_plain = (np.abs(np.asarray(a, np.float64) - want).max() for a in (got, plain))
     assert err <= 2 * err_plain + 2**-9, (err, err_plain)
 
