@@ -114,6 +114,45 @@ def test_chunked_scaled_fp8_cache_view():
     np.testing.assert_allclose(ref, att.attend(q, k, v, mask, "reference"), atol=2e-6)
 
 
+def _e4m3(x, scale):
+    """Values rounded to float8 E4M3 at ``scale`` (as an FP8 cache stores them), as float32."""
+    return jnp.clip(x / scale, -448, 448).astype(jnp.float8_e4m3fn).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("kind", ["causal", "extend"])
+def test_fixed_scale_fp8_values_normalized_after_the_matmul(kind):
+    # a fixed-scale FP8 cache (`ScaledView` with a scalar scale): the softmax is normalized
+    # after the value matmul; float32: the float64 attention of the dequantized cache
+    mask, visible, T = _masks()[kind]
+    q, k, v = _qkv(T, 13, seed=3)
+    sk, sv = jnp.float32(0.01), jnp.float32(0.02)
+    k8, v8 = _e4m3(k, sk), _e4m3(v, sv)
+    want = _numpy_attention(q, k8 * sk, v8 * sv, visible)
+    got = att.attend(q, ScaledView(k8, sk), ScaledView(v8, sv), mask, "reference")
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    # bfloat16 compute (the decode step's): within the rounding of plain bf16 attention
+    qb, kb, vb = q.astype(jnp.bfloat16), k8.astype(jnp.bfloat16), v8.astype(jnp.bfloat16)
+    want = _numpy_attention(qb, k8 * sk, v8 * sv, visible)
+    got = att.attend(qb, ScaledView(kb, sk), ScaledView(vb, sv), mask, "reference")
+    plain = att.attend(
+        qb, (kb * sk).astype(jnp.bfloat16), (vb * sv).astype(jnp.bfloat16), mask, "reference"
+    )
+    err, err_plain = (np.abs(np.asarray(a, np.float64) - want).max() for a in (got, plain))
+    assert err <= 2 * err_plain + 2**-9, (err, err_plain)
+
+
+def test_fixed_scale_values_known_answer():
+    # H = 4 (1 / sqrt(H) = 0.5), power-of-two scales, every step exact: scores
+    # (2 * 1, 2 * 1, masked) * s_k / 2 = (0.5, 0.5) -> e = (1, 1, 0), sum 2;
+    # output (e . v) * s_v / 2 = (12, -8, 2, 2) * 0.25 / 2
+    q = jnp.asarray([2.0, 2.0, 0.0, 0.0]).reshape(1, 1, 1, 4)
+    k = jnp.asarray([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [9.0, 9, 9, 9]]).reshape(1, 3, 1, 4)
+    v = jnp.asarray([[4.0, -8, 0, 1], [8.0, 0, 2, 1], [64.0, 64, 64, 64]]).reshape(1, 3, 1, 4)
+    mask = att.causal_mask(jnp.asarray([[True, True, False]]), 1, 1)
+    views = ScaledView(k, jnp.float32(0.5)), ScaledView(v, jnp.float32(0.25))
+    assert att.attend(q, *views, mask).reshape(-1).tolist() == [1.5, -1.0, 0.25, 0.25]
+
+
 def test_resolve_by_backend():
     bf16 = jnp.bfloat16
     assert att.resolve("auto", "cpu", bf16, 64, 100) == "reference"  # CPU: today's numbers

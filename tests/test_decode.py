@@ -247,6 +247,11 @@ def test_prefill_fixes_the_decode_scales_of_act_scaling_prefill():
     out = {s: extend(rp, nxt, step, r, cfg, scan_layers=s) for s in (True, False)}
     np.testing.assert_allclose(out[True][0], out[False][0], atol=1e-5)
     assert out[True][1].act_scales is not None and kv_cache.is_fixed_scale(out[True][1].k)
+    # the sampler's per-layer form: the scales as scalars (nothing sliced in the loop), same step
+    u = kv_cache.unstack_cache(r)
+    assert len(u.act_scales) == 3 and all(len(s) == 4 for s in u.act_scales)
+    assert float(u.act_scales[1][2]) == float(r.act_scales[1, 2])
+    np.testing.assert_array_equal(extend(rp, nxt, step, u, cfg)[0], out[False][0])
     # the scales are used: tenfold smaller ones saturate the step's activations
     tiny = r._replace(act_scales=r.act_scales / 10)
     assert float(jnp.max(jnp.abs(extend(rp, nxt, step, tiny, cfg)[0] - out[False][0]))) > 1e-2

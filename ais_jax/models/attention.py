@@ -167,8 +167,10 @@ def reference(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
     fixed-scale FP8 cache) multiplies the float32 scores / outputs; ``[B, S]``
     scales (an int8 cache, one per row and token) multiply the float32 scores
     (keys: ``(q . k_int8) * s_k[t]``) and the probabilities before the value
-    matmul (values: ``sum_t (p[t] * s_v[t]) v_int8[t]``), so the cache is never
-    dequantized into a copy.
+    matmul (values: ``sum_t (e[t] * s_v[t] / sum(e)) v_int8[t]``), so the cache is
+    never dequantized into a copy.  Over scaled values no divide runs per cached
+    token (`_scaled_values`: a fixed scale's softmax is normalized after the value
+    matmul); plain keys / values keep today's softmax-then-matmul, bit for bit.
     """
     sk = k.scale if isinstance(k, ScaledView) else None
     sv = v.scale if isinstance(v, ScaledView) else None
@@ -184,12 +186,36 @@ def reference(q: jax.Array, k: Any, v: Any, mask: jax.Array) -> jax.Array:
     else:
         s = s * (sk / math.sqrt(H))
     s = jnp.where(mask[:, None, None], s, -1e30)
+    if sv is not None:  # a quantized cache: no divide per cached token
+        o = jnp.transpose(_scaled_values(s, v, sv), (0, 3, 1, 2, 4))  # [B, T, K, G, H]
+        return o.reshape(B, T, Qn * H).astype(q.dtype)
     p = jax.nn.softmax(s, axis=-1)  # [B, K, G, T, S] float32
-    if sv is not None and sv.ndim:  # per (row, token): scales the probabilities
-        p, sv = p * sv[:, None, None, None, :], None
     o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    o = o if sv is None else o * sv
     return o.reshape(B, T, Qn * H).astype(q.dtype)
+
+
+def _scaled_values(s: jax.Array, v: jax.Array, sv: jax.Array) -> jax.Array:
+    """``softmax(s) . (v * sv)`` over a quantized cache, without a divide per cached token.
+
+    s ``[B, K, G, T, S]`` float32 masked scores, v ``[B, S, K, H]`` (a quantized cache's values
+    in the compute dtype), sv the value scale: a float32 scalar (fixed per layer) or ``[B, S]``
+    (per row and token) -> ``[B, K, G, T, H]`` float32.  A scalar ``sv``: the unnormalized
+    ``e = exp(s - max)`` goes into the value matmul and its float32 output is multiplied by
+    ``sv`` and divided by ``sum(e)`` (an ``[.., H]`` epilogue; ``o * (sv / sum)`` made tpu7x
+    compute the quotient in a kernel of its own).  Per token: ``e * sv[t] * (1 / sum(e))`` goes
+    into the matmul (a reciprocal per row and head, not a divide per token; dividing the output
+    instead made v5e materialize the broadcast reciprocal).  Both are ``softmax`` then the matmul
+    up to float32 rounding, and the compute dtype's rounding of the matmul operand.
+    """
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    total = jnp.sum(e, axis=-1)[..., None]  # [B, K, G, T, 1]
+    if sv.ndim:  # per (row, token): the scale and the normalization multiply the exponentials
+        p = e * sv[:, None, None, None, :] * (1 / total)
+        return jnp.einsum(
+            "bkgts,bskh->bkgth", p.astype(v.dtype), v, preferred_element_type=jnp.float32
+        )
+    o = jnp.einsum("bkgts,bskh->bkgth", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o * sv / total
 
 
 def dequantize_view(a: Any, dtype: Any) -> Any:

@@ -251,7 +251,7 @@ def extend(
         layers = params["layers"]
         layers = stack_buffers(layers) if isinstance(layers, tuple | list) else layers
         if scales is not None:
-            layers = {**layers, "act_scales": scales}
+            layers = {**layers, "act_scales": jnp.asarray(scales, jnp.float32)}
         x, ck, cv = _scan_layers(x, layers, ck, cv, run, index, dtype)
         ck, cv = (ck, cv) if stacked else (unstack_buffer(ck), unstack_buffer(cv))
     else:

@@ -44,7 +44,8 @@ class KVCache(NamedTuple):
       index: int32 scalar, the next cache slot to write (same for all rows).
       act_scales: None, or float32 ``[L, 4]`` fixed activation scales of the FP8
         linears (``act_scaling="prefill"``: set by the prefill, read by every
-        decode step; `ais_jax.models.model.ACT_INPUTS` order).
+        decode step; `ais_jax.models.model.ACT_INPUTS` order; ``L`` tuples of 4
+        scalars after `unstack_cache`).
 
     `unstack_cache` gives the per-layer form: ``k`` / ``v`` as ``L``-tuples of
     ``[B, K, S, H]`` / ``[B, K, H, S]`` buffers (what unrolled steps update).
@@ -281,8 +282,13 @@ def unstack_cache(cache: KVCache) -> KVCache:
     An unrolled decode step writes and reads each layer's own buffer, without
     slicing a stacked one (on CPU a slice is a copy of that layer's keys and
     values at every step).  `extend` returns a cache in the form it is given.
-    Accepts an already-unstacked cache unchanged.
+    Fixed activation scales ``[L, 4]`` become ``L`` tuples of 4 float32 scalars,
+    so a decode loop's body slices nothing out of them (on TPU each slice was a
+    kernel of its own, every step).  Accepts an already-unstacked cache unchanged.
     """
     if isinstance(cache.k, tuple):
         return cache
-    return cache._replace(k=unstack_buffer(cache.k), v=unstack_buffer(cache.v))
+    s = cache.act_scales
+    if s is not None and not isinstance(s, tuple):
+        s = tuple(tuple(s[l, i] for i in range(s.shape[1])) for l in range(s.shape[0]))
+    return cache._replace(k=unstack_buffer(cache.k), v=unstack_buffer(cache.v), act_scales=s)
