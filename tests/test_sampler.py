@@ -341,6 +341,38 @@ def test_fp8_rollout_params_and_kv_cache():
     assert 0 < d < 0.5  # quantized sampler vs full-precision scorer: close, not equal
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_norm_weights_in_float32_before_the_loop_change_no_bit(monkeypatch, scan_layers):
+    """`sampler._norms_f32` converts the RMSNorm weights once, outside the decode loop; the
+    tokens and log-probs are bit-for-bit those of converting them inside it (rms_norm
+    multiplies in float32 either way)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(CFG, qk_norm=True)
+    p16 = model_lib.init_params(jax.random.key(0), cfg)
+    p16["embed"], p16["lm_head"] = p16["embed"] * 40.0, p16["lm_head"] * 40.0
+    p16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), p16)
+    keys = jax.random.split(jax.random.key(7), 4)
+    for i, name in enumerate(("attn_norm", "mlp_norm", "q_norm", "k_norm")):  # rounded in bf16
+        w = p16["layers"][name]
+        p16["layers"][name] = (1 + 0.3 * jax.random.normal(keys[i], w.shape)).astype(w.dtype)
+    prepared = sampler._prepare_params(p16, cfg, transpose=False, scan_layers=scan_layers)
+    layers = prepared["layers"] if scan_layers else prepared["layers"][0]
+    assert layers["attn_norm"].dtype == jnp.float32 and layers["wq"].dtype == jnp.bfloat16
+    assert prepared["final_norm"].dtype == jnp.float32
+
+    def run():
+        return sample(p16, TOKENS, MASK, jax.random.key(3), cfg, max_new_tokens=6,
+                      decode_segments=1, scan_layers=scan_layers)
+
+    new = run()
+    monkeypatch.setattr(sampler, "_norms_f32", lambda params: params)
+    jax.clear_caches()
+    old = run()
+    np.testing.assert_array_equal(new.tokens, old.tokens)
+    np.testing.assert_array_equal(new.logp, old.logp)
+
+
 @pytest.mark.slow  # ~6 s in the full suite on 2 busy cores
 def test_bf16_params():
     p16 = _params(jnp.bfloat16)

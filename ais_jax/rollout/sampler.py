@@ -171,8 +171,10 @@ def _prepare_params(params: dict, cfg: model_lib.ModelConfig, transpose: bool,
     unstacked once, and with ``transpose`` (CPU) their linear weights are
     stored as ``[in, out]`` behind an optimization barrier, so that XLA keeps
     the copies; `_view_params` turns them back into logical ``[out, in]`` views
-    inside the loop, which XLA folds into the matmuls.
+    inside the loop, which XLA folds into the matmuls.  The RMSNorm weights are
+    float32 in both (`_norms_f32`).
     """
+    params = _norms_f32(params)
     if scan_layers:
         return params
     p = decode_lib.unstack_layers(params, cfg)
@@ -181,6 +183,19 @@ def _prepare_params(params: dict, cfg: model_lib.ModelConfig, transpose: bool,
     p = dict(p)
     p.setdefault("lm_head", p["embed"])  # tied: a transposed head beside the embedding
     return jax.lax.optimization_barrier(_view_params(p, True))
+
+
+def _norms_f32(params: dict) -> dict:
+    """``params`` with the RMSNorm weights (``*_norm``) in float32, converted once before the
+    decode loop: `ais_jax.models.model.rms_norm` multiplies in float32 anyway (the same
+    numbers), and the TPU compiler otherwise converts each of them in a small kernel of its own
+    in every step (113 per Qwen3-0.6B step)."""
+    def f32(d: dict) -> dict:
+        return {k: w.astype(jnp.float32) if k.endswith("_norm") else w for k, w in d.items()}
+
+    layers = params["layers"]
+    layers = tuple(f32(lp) for lp in layers) if isinstance(layers, tuple | list) else f32(layers)
+    return {**f32(params), "layers": layers}
 
 
 def _view_params(p: dict, transpose: bool) -> dict:
