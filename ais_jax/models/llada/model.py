@@ -190,15 +190,16 @@ def to_rollout_params(params: dict, **kwargs: Any) -> dict:
     return fp8.to_rollout_params(params, **kwargs)
 
 
-def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig):
-    """One LLaDA block; ``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
+def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig, mesh=None):
+    """One LLaDA block; ``x`` ``[B, T, D]`` -> ``[B, T, D]``.  ``mesh``: the program's device
+    mesh, for the TPU attention kernel on several devices (`ais_jax.models.attention.attend`)."""
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     q = apply_rope(linear(h, lp["wq"], None, mask).reshape(B, T, Q, H), pos, inv_freq)
     k = apply_rope(linear(h, lp["wk"], None, mask).reshape(B, T, K, H), pos, inv_freq)
     v = linear(h, lp["wv"], None, mask).reshape(B, T, K, H)
-    o = attend(q, k, v, bidirectional_mask(mask), cfg.attention, cfg.attention_chunk)
+    o = attend(q, k, v, bidirectional_mask(mask), cfg.attention, cfg.attention_chunk, mesh)
     x = x + linear(o, lp["wo"], None, mask)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     g = linear(h, lp["w_gate"], None, mask)  # ff_proj: the SiLU input
@@ -222,7 +223,9 @@ def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
       remat_policy: the ``jax.checkpoint`` policy with ``remat`` (None: save nothing
         but the block's input; see `ais_jax.training.logprobs.REMAT_POLICIES`).
       constrain: applied to the residual stream ``[B, T, D]`` entering each block
-        and leaving the last (e.g. a batch-sharding constraint).
+        and leaving the last (e.g. a batch-sharding constraint); its ``mesh``
+        attribute, if any (`ais_jax.training.sharding.batch_constraint`), is the mesh the
+        TPU attention kernel runs under ``jax.shard_map`` over.
 
     Returns:
       ``[B, T, D]`` in the params' dtype.
@@ -239,9 +242,10 @@ def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
     # A row of all padding would softmax over nothing: let every query see itself.
     attn_rows = mask | ~jnp.any(mask, axis=-1, keepdims=True)
     pin = constrain if constrain is not None else (lambda y: y)
+    mesh = getattr(constrain, "mesh", None)  # for the TPU kernel's shard_map (batch_constraint)
 
     def body(x, lp):
-        return _block(pin(x), lp, pos, attn_rows, inv_freq, cfg), None
+        return _block(pin(x), lp, pos, attn_rows, inv_freq, cfg, mesh), None
 
     if remat:
         body = jax.checkpoint(body, policy=remat_policy)
