@@ -394,7 +394,7 @@ def build_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.GradientTrans
 
         def sft_fn(params, opt_state, tokens, loss_mask, key):
             (loss, aux), g = jax.value_and_grad(sft_loss, has_aux=True)(
-                params, tokens, loss_mask, key, lcfg, pad_id, cdt)
+                params, tokens, loss_mask, key, lcfg, pad_id, cdt, mesh)
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
 
