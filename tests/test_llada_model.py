@@ -179,3 +179,59 @@ def test_llada_8b_config_parses():
          "include_bias": False, "layer_norm_type": "rms", "rope": True, "alibi": False}
     cfg = config_from_dict(d)
     assert cfg.mask_token_id == 126336 and cfg.head_dim == 128 and cfg.intermediate_size == 12288
+
+
+def test_constrain_mesh_reaches_attention(monkeypatch):
+    """``hidden_states(constrain=...)`` hands ``constrain.mesh`` (as
+    `ais_jax.training.sharding.batch_constraint` carries it) to `attend`, so the TPU kernel
+    can run under ``jax.shard_map`` on a multi-device mesh; the values are unchanged."""
+    from ais_jax.models.llada import model as llada
+
+    seen, real = [], llada.attend
+
+    def spy(q, k, v, mask, impl, chunk, mesh=None):
+        seen.append(mesh)
+        return real(q, k, v, mask, impl, chunk)
+
+    mesh = object()  # stands in for a jax Mesh: only its identity is checked
+
+    def pin(x):
+        return x
+
+    pin.mesh = mesh
+    params = init_params(jax.random.key(0), CFG)
+    toks = jax.random.randint(jax.random.key(1), (2, 5), 0, 60)
+    want = llada.hidden_states(params, toks, CFG)
+    monkeypatch.setattr(llada, "attend", spy)
+    got = llada.hidden_states(params, toks, CFG, constrain=pin)
+    assert seen and all(m is mesh for m in seen)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    seen.clear()
+    llada.hidden_states(params, toks, CFG)
+    assert seen and all(m is None for m in seen)
+
+
+def test_mesh_reaches_attention_in_sampler_and_replay(monkeypatch):
+    """The programs that call `forward` (sampler, estimator, trajectory replay) hand their
+    ``mesh`` keyword on to `attend` (the TPU kernel's ``jax.shard_map`` on several devices)."""
+    from ais_jax.models.llada import model as llada
+    from ais_jax.rollout.llada_sampler import generate
+    from ais_jax.training.llada.estimator import completion_logprobs
+    from ais_jax.training.llada.trajectory import trajectory_logprobs
+
+    seen, real = [], llada.attend
+
+    def spy(q, k, v, mask, impl, chunk, mesh=None):
+        seen.append(mesh)
+        return real(q, k, v, mask, impl, chunk)
+
+    monkeypatch.setattr(llada, "attend", spy)
+    mesh = object()  # hashable (a static jit argument, as a jax Mesh is); identity checked
+    params = init_params(jax.random.key(0), CFG)
+    prompt = jax.random.randint(jax.random.key(1), (2, 3), 0, 60)
+    kw = {"steps": 2, "block_length": 2}
+    out = generate(params, CFG, prompt, jax.random.key(2), gen_length=2, mesh=mesh, **kw)
+    completion_logprobs(params, CFG, prompt, out.tokens[:, 3:], jax.random.key(3), mesh=mesh)
+    trajectory_logprobs(params, CFG, prompt, out.tokens, out.reveal_step, temperature=0.0,
+                        remasking="low_confidence", mesh=mesh, **kw)
+    assert len(seen) >= 3 and all(m is mesh for m in seen)

@@ -473,3 +473,21 @@ def test_prefill_scaled_fp8_logp_is_exactly_that_of_the_replayed_decode(kv_fp8):
     ref, _ = _rescore(PARAMS, TOKENS, MASK, out, G, T)
     assert 0 < float(jnp.mean(jnp.abs(out.logp - ref))) < 0.5
     assert not np.array_equal(np.asarray(out.logp), np.asarray(dyn.logp))
+
+
+def test_mesh_reaches_the_prefill_attention(monkeypatch):
+    """``sample(mesh=...)`` hands the mesh to the prefill's full-pass attention (the TPU
+    kernel's ``jax.shard_map`` on several devices; `ais_jax.models.decode.prefill`)."""
+    seen, real = [], model_lib.attend
+
+    def spy(q, k, v, mask, impl, chunk, mesh=None):
+        seen.append((q.shape[1], mesh))
+        return real(q, k, v, mask, impl, chunk)
+
+    monkeypatch.setattr(model_lib, "attend", spy)
+    mesh = object()  # hashable (a static jit argument, as a jax Mesh is); identity checked
+    params = model_lib.init_params(jax.random.key(0), CFG)
+    prompts = jax.random.randint(jax.random.key(1), (2, 5), 0, 32)
+    sample(params, prompts, jnp.ones((2, 5), bool), jax.random.key(2), CFG, max_new_tokens=2,
+           mesh=mesh)
+    assert (5, mesh) in seen  # the prefill's pass over the 5 prompt tokens

@@ -80,6 +80,7 @@ def prefill(
     dtype: Any = None,
     fp8: bool | str = False,
     last_only: bool = False,
+    mesh: Any = None,
 ) -> tuple[jax.Array, KVCache]:
     """Full causal pass over left-padded prompts that keeps their keys / values.
 
@@ -107,6 +108,8 @@ def prefill(
         vocabulary is the largest buffer of a long prompt's prefill).  An FP8
         lm_head then scales its activations over those rows only, as an
         inference engine that projects only the last position does.
+      mesh: the program's device mesh, for the TPU attention kernel on several devices
+        (`ais_jax.models.attention.attend`); None: one device.
 
     Returns:
       ``(logits [B, T, V] float32, cache)``; ``[B, 1, V]`` with ``last_only``.
@@ -122,7 +125,7 @@ def prefill(
 
     def body(x, lp):
         return _layer(x, lp, pos, attn_mask, inv_freq, cfg, rows=mask,
-                      calibrate=act_fmt is not None)
+                      calibrate=act_fmt is not None, mesh=mesh)
 
     x, ys = jax.lax.scan(body, x, params["layers"])
     act_scales = kv_scales = None

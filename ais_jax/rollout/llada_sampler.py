@@ -20,7 +20,7 @@ that the two records sum to the log-probability of the whole trajectory.
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,7 @@ def generate(
     remasking: str = "low_confidence",
     num_samples: int = 1,
     prompt_mask: jax.Array | None = None,
+    mesh: Any = None,
 ) -> DiffusionSample:
     """Sample ``num_samples`` responses per prompt with LLaDA's reverse process.
 
@@ -122,6 +123,8 @@ def generate(
       remasking: ``"low_confidence"`` or ``"random"``.
       num_samples: G responses per prompt.
       prompt_mask: optional ``[B, P]`` validity of prompt tokens (0 = padding).
+      mesh: the program's device mesh, for the TPU attention kernel on several devices
+        (`ais_jax.models.llada.model.forward`); None: one device.
 
     Returns:
       `DiffusionSample` with ``B * G`` rows.
@@ -138,13 +141,13 @@ def generate(
     return _generate(params, prompt, jnp.asarray(prompt_mask, jnp.bool_), key, cfg=cfg,
                      gen_length=gen_length, block_length=block_length, steps=steps,
                      temperature=float(temperature), remasking=remasking,
-                     num_samples=num_samples)
+                     num_samples=num_samples, mesh=mesh)
 
 
 @partial(jax.jit, static_argnames=("cfg", "gen_length", "block_length", "steps",
-                                   "temperature", "remasking", "num_samples"))
+                                   "temperature", "remasking", "num_samples", "mesh"))
 def _generate(params, prompt, prompt_mask, key, *, cfg, gen_length, block_length, steps,
-              temperature, remasking, num_samples) -> DiffusionSample:
+              temperature, remasking, num_samples, mesh=None) -> DiffusionSample:
     G, N = num_samples, gen_length
     prompt = jnp.repeat(prompt, G, axis=0)  # [R, P]
     R, P = prompt.shape
@@ -160,7 +163,8 @@ def _generate(params, prompt, prompt_mask, key, *, cfg, gen_length, block_length
 
     def step(i, carry):
         gen, logprobs, reveal_step, select = carry
-        logits = forward(params, jnp.concatenate([prompt, gen], axis=1), cfg, attn)[:, P:]
+        logits = forward(params, jnp.concatenate([prompt, gen], axis=1), cfg, attn, mesh=mesh)
+        logits = logits[:, P:]
         logits = jnp.where(allowed, logits, -jnp.inf)
         raw_lp = jax.nn.log_softmax(logits, axis=-1)  # [R, N, V]
         k_noise, k_rand = jax.random.split(jax.random.fold_in(key, i))

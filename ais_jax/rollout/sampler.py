@@ -249,6 +249,7 @@ def _sample_impl(
     segments: int,
     transpose: bool,
     scan_layers: bool,
+    mesh: Any = None,
 ) -> Rollout:
     B0, P = prompt_tokens.shape
     G, N = num_samples, max_new_tokens
@@ -265,7 +266,7 @@ def _sample_impl(
 
     # Prefill each prompt once, then share its cache across the G samples.
     logits, cache = decode_lib.prefill(params, prompt_tokens, prompt_mask, cfg, P, dtype=dtype,
-                                       fp8=kv_fp8, last_only=True)  # [B0, 1, V]
+                                       fp8=kv_fp8, last_only=True, mesh=mesh)  # [B0, 1, V]
     last_logits = jnp.repeat(logits[:, -1], G, axis=0)  # [B, V]
     tok, lp = draw(jnp.int32(0), last_logits)
     state = _DecodeState(
@@ -314,7 +315,8 @@ def _sample_impl(
 _sample_jit = jax.jit(
     _sample_impl,
     static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_ids",
-                     "pad_id", "num_samples", "kv_fp8", "segments", "transpose", "scan_layers"),
+                     "pad_id", "num_samples", "kv_fp8", "segments", "transpose", "scan_layers",
+                     "mesh"),
 )
 
 
@@ -338,6 +340,7 @@ def sample(
     kv_fp8: bool | str = False,
     decode_segments: int | None = None,
     scan_layers: bool | None = None,
+    mesh: Any = None,
 ) -> Rollout:
     """Sample ``max_new_tokens`` tokens for each prompt (``num_samples`` times each).
 
@@ -369,6 +372,8 @@ def sample(
         decoder block) or unrolls them (``L`` blocks; faster per step on CPU).
         None: `ais_jax.models.decode.scan_layers_default` (scan on CPU beyond 4
         layers; unroll on accelerators, where it decodes up to 2x faster).
+      mesh: the program's device mesh (static), for the TPU attention kernel of the
+        prefill on several devices (`ais_jax.models.decode.prefill`); None: one device.
 
     Returns:
       `Rollout` of ``[B0 * G, N]`` arrays; rows ``p*G .. p*G+G-1`` are prompt ``p``.
@@ -394,5 +399,5 @@ def sample(
         top_k=int(top_k), top_p=float(top_p), eos_ids=eos_ids, pad_id=pad_id,
         num_samples=int(num_samples), kv_fp8=kv_fp8 if kv_fp8 == "int8" else bool(kv_fp8),
         segments=segments,
-        transpose=jax.default_backend() == "cpu" and not scan, scan_layers=scan,
+        transpose=jax.default_backend() == "cpu" and not scan, scan_layers=scan, mesh=mesh,
     )

@@ -110,7 +110,8 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
       ids: EOS and padding ids.
       mesh: when given, the rollout copy is re-laid out once (here, at the weight
         sync) to the rollout sharding: no FSDP axis, so the decode loop never
-        all-gathers weights.
+        all-gathers weights; the prefill's TPU attention kernel runs under
+        ``jax.shard_map`` over it.
 
     Returns:
       `RolloutBatch` with ``Pn * G`` rows.
@@ -124,7 +125,7 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
         rp, prompt_tokens, prompt_mask, key, model_cfg, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
         eos_id=ids.eos_ids or None, num_samples=r.group_size, kv_fp8=kv_format(r),
-        pad_id=ids.pad_id,
+        pad_id=ids.pad_id, mesh=mesh,
     )
     G = r.group_size
     return RolloutBatch(

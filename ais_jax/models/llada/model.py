@@ -190,15 +190,16 @@ def to_rollout_params(params: dict, **kwargs: Any) -> dict:
     return fp8.to_rollout_params(params, **kwargs)
 
 
-def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig):
-    """One LLaDA block; ``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
+def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig, mesh=None):
+    """One LLaDA block; ``x`` ``[B, T, D]`` -> ``[B, T, D]``.  ``mesh``: the program's device
+    mesh, for the TPU attention kernel on several devices (`ais_jax.models.attention.attend`)."""
     B, T, _ = x.shape
     Q, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     q = apply_rope(linear(h, lp["wq"], None, mask).reshape(B, T, Q, H), pos, inv_freq)
     k = apply_rope(linear(h, lp["wk"], None, mask).reshape(B, T, K, H), pos, inv_freq)
     v = linear(h, lp["wv"], None, mask).reshape(B, T, K, H)
-    o = attend(q, k, v, bidirectional_mask(mask), cfg.attention, cfg.attention_chunk)
+    o = attend(q, k, v, bidirectional_mask(mask), cfg.attention, cfg.attention_chunk, mesh)
     x = x + linear(o, lp["wo"], None, mask)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     g = linear(h, lp["w_gate"], None, mask)  # ff_proj: the SiLU input
@@ -209,7 +210,8 @@ def _block(x, lp, pos, mask, inv_freq, cfg: LLaDAConfig):
 def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
                   mask: jax.Array | None = None, *, remat: bool = False,
                   remat_policy: Any = None,
-                  constrain: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+                  constrain: Callable[[jax.Array], jax.Array] | None = None,
+                  mesh: Any = None) -> jax.Array:
     """The trunk: the residual stream after the last block, before the final norm.
 
     Args:
@@ -222,7 +224,11 @@ def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
       remat_policy: the ``jax.checkpoint`` policy with ``remat`` (None: save nothing
         but the block's input; see `ais_jax.training.logprobs.REMAT_POLICIES`).
       constrain: applied to the residual stream ``[B, T, D]`` entering each block
-        and leaving the last (e.g. a batch-sharding constraint).
+        and leaving the last (e.g. a batch-sharding constraint); its ``mesh``
+        attribute, if any (`ais_jax.training.sharding.batch_constraint`), is the mesh the
+        TPU attention kernel runs under ``jax.shard_map`` over.
+      mesh: the program's device mesh for that kernel when ``constrain`` carries none
+        (`forward`'s callers: the sampler, the trajectory replay); None: one device.
 
     Returns:
       ``[B, T, D]`` in the params' dtype.
@@ -239,9 +245,11 @@ def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
     # A row of all padding would softmax over nothing: let every query see itself.
     attn_rows = mask | ~jnp.any(mask, axis=-1, keepdims=True)
     pin = constrain if constrain is not None else (lambda y: y)
+    if mesh is None:  # for the TPU kernel's shard_map (batch_constraint's mesh)
+        mesh = getattr(constrain, "mesh", None)
 
     def body(x, lp):
-        return _block(pin(x), lp, pos, attn_rows, inv_freq, cfg), None
+        return _block(pin(x), lp, pos, attn_rows, inv_freq, cfg, mesh), None
 
     if remat:
         body = jax.checkpoint(body, policy=remat_policy)
@@ -250,7 +258,7 @@ def hidden_states(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
 
 
 def forward(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
-            mask: jax.Array | None = None) -> jax.Array:
+            mask: jax.Array | None = None, *, mesh: Any = None) -> jax.Array:
     """Bidirectional forward: logits for every position.
 
     Positions are ``0..T-1`` as in LLaDA; RoPE is relative and attention never
@@ -262,13 +270,15 @@ def forward(params: dict, tokens: jax.Array, cfg: LLaDAConfig,
       cfg: model config.
       mask: optional ``[B, T]`` validity (1 real, 0 padding). Padding keys are
         not attended to; padding rows' logits are meaningless.
+      mesh: the program's device mesh, for the TPU attention kernel on several devices
+        (`ais_jax.models.attention.attend`); None: one device.
 
     Returns:
       Logits ``[B, T, V]`` float32.
     """
     B, T = tokens.shape
     mask = jnp.ones((B, T), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
-    x = hidden_states(params, tokens, cfg, mask)
+    x = hidden_states(params, tokens, cfg, mask, mesh=mesh)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     head = params.get("lm_head", params["embed"])
     if isinstance(head, QuantArray):

@@ -58,7 +58,8 @@ def logprobs_given_input(params: dict, cfg: LLaDAConfig, masked_prompt: jax.Arra
                          completion: jax.Array,
                          prompt_mask: jax.Array | None = None, *, chunk: int = 0,
                          remat: str = "none", constrain: Constrain | None = None,
-                         head_constrain: Constrain | None = None) -> jax.Array:
+                         head_constrain: Constrain | None = None,
+                         mesh: Any = None) -> jax.Array:
     """Log-probs of ``completion`` from one forward on ``[masked_prompt, mask * N]``.
 
     With full-precision (or FP8 block-only) params the head sees only the ``N``
@@ -81,6 +82,8 @@ def logprobs_given_input(params: dict, cfg: LLaDAConfig, masked_prompt: jax.Arra
         (`ais_jax.training.sharding.batch_constraint`), or None.
       head_constrain: rows constraint of a vocab-parallel untied head
         (`ais_jax.training.sharding.head_constraint`), or None.
+      mesh: the program's device mesh, for the TPU attention kernel on several devices,
+        when ``constrain`` carries none (`ais_jax.models.llada.model.hidden_states`).
 
     Returns:
       ``[B, N]`` float32 log-softmax of the completion tokens.
@@ -95,10 +98,12 @@ def logprobs_given_input(params: dict, cfg: LLaDAConfig, masked_prompt: jax.Arra
     if prompt_mask is not None:
         valid = jnp.concatenate([prompt_mask.astype(jnp.bool_), jnp.ones((B, N), jnp.bool_)], 1)
     if isinstance(params.get("lm_head"), QuantArray):
-        logits = forward(params, seq, cfg, valid)[:, P:]  # [B, N, V] float32
+        mesh = mesh if mesh is not None else getattr(constrain, "mesh", None)
+        logits = forward(params, seq, cfg, valid, mesh=mesh)[:, P:]  # [B, N, V] float32
         return _token_logprobs(logits, completion)
     h = hidden_states(params, seq, cfg, valid, remat=remat != "none",
-                      remat_policy=REMAT_POLICIES[remat], constrain=constrain)  # [B, P+N, D]
+                      remat_policy=REMAT_POLICIES[remat], constrain=constrain,
+                      mesh=mesh)  # [B, P+N, D]
     return head_map(params, h[:, P:], completion, cfg, _token_logprobs,  # type: ignore[arg-type]
                     chunk=chunk, constrain=constrain, head_constrain=head_constrain)
 
@@ -123,7 +128,7 @@ def completion_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array,
       p_mask: prompt masking probability (d1: 0.15).
       prompt_mask: optional ``[B, P]`` validity of prompt tokens.
       **scale: `logprobs_given_input`'s ``chunk``, ``remat``, ``constrain``,
-        ``head_constrain``.
+        ``head_constrain``, ``mesh``.
 
     Returns:
       ``[B, N]`` float32 log-probs.

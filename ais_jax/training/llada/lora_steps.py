@@ -66,10 +66,11 @@ def build_lora_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.Gradient
     batch_sh, old_sh, b2, rep = ls.shardings(mesh, cfg)
 
     def rollout_fn(base, adapters, pt, pm, key):
-        return ls.rollout(lp.merged(base, adapters, lora_cfg), pt, pm, key, lcfg, cfg, eos_ids)
+        merged = lp.merged(base, adapters, lora_cfg)
+        return ls.rollout(merged, pt, pm, key, lcfg, cfg, eos_ids, mesh)
 
     def score_fn(base, adapters, batch):
-        return ls.score(adapters, batch, lcfg, cfg, lp.view(base, lora_cfg))
+        return ls.score(adapters, batch, lcfg, cfg, lp.view(base, lora_cfg), mesh)
 
     def update_fn(base, state, batch, rewards, key, ref_params, logp_old):
         del ref_params  # the KL reference is the base

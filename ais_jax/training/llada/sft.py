@@ -30,7 +30,7 @@ T_MIN = 1e-3
 
 def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, key: jax.Array,
              lcfg: LLaDAConfig, pad_id: int | None, compute_dtype: Any = jnp.bfloat16,
-             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+             mesh: Any = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """LLaDA's masked-diffusion SFT loss of one batch.
 
     Args:
@@ -41,6 +41,8 @@ def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, key: jax.Arra
       lcfg: model config.
       pad_id: prompt padding id (None: no padding).
       compute_dtype: forward dtype.
+      mesh: the program's device mesh, for the TPU attention kernel on several devices
+        (`ais_jax.models.llada.model.forward`); None: one device.
 
     Returns:
       ``(loss, {"accuracy": argmax accuracy on the masked tokens,
@@ -53,7 +55,7 @@ def sft_loss(params: Any, tokens: jax.Array, loss_mask: jax.Array, key: jax.Arra
     masked = (jax.random.uniform(km, (B, T)) < t) & target
     x = jnp.where(masked, lcfg.mask_token_id, tokens).astype(jnp.int32)
     valid = jnp.ones((B, T), jnp.bool_) if pad_id is None else target | (tokens != pad_id)
-    logits = forward(cast_params(params, compute_dtype), x, lcfg, valid)  # [B, T, V] f32
+    logits = forward(cast_params(params, compute_dtype), x, lcfg, valid, mesh=mesh)  # [B,T,V]
     lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
     m = masked.astype(jnp.float32)

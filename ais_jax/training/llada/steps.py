@@ -90,16 +90,19 @@ class DiffusionBatch(NamedTuple):
 
 
 def _estimates(params: Any, lcfg: LLaDAConfig, batch: DiffusionBatch, keys: jax.Array,
-               p_mask: float) -> jax.Array:
-    """``[M, B, N]`` estimator log-probs of ``batch.tokens``, one per raw key in ``keys``."""
+               p_mask: float, mesh: Mesh | None = None) -> jax.Array:
+    """``[M, B, N]`` estimator log-probs of ``batch.tokens``, one per raw key in ``keys``
+    (``mesh``: for the TPU attention kernel on several devices)."""
     def one(k: jax.Array) -> jax.Array:
         return completion_logprobs(params, lcfg, batch.prompt_tokens, batch.tokens,
-                                   jax.random.wrap_key_data(k), p_mask, batch.prompt_mask)
+                                   jax.random.wrap_key_data(k), p_mask, batch.prompt_mask,
+                                   mesh=mesh)
     return jax.lax.map(one, keys)
 
 
 def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array,
-            lcfg: LLaDAConfig, cfg: Config, eos_ids: tuple[int, ...]) -> DiffusionBatch:
+            lcfg: LLaDAConfig, cfg: Config, eos_ids: tuple[int, ...],
+            mesh: Mesh | None = None) -> DiffusionBatch:
     """Quantize (weight sync), denoise ``G`` responses per prompt, estimate their log-probs.
 
     Args:
@@ -110,6 +113,8 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
       lcfg: model config.
       cfg: the run config (rollout and diffusion sections).
       eos_ids: ids ending a response.
+      mesh: the program's device mesh, for the TPU attention kernel on several devices
+        (`ais_jax.models.llada.model.forward`); None: one device.
 
     Returns:
       `DiffusionBatch` with ``Pn * G`` rows.
@@ -122,7 +127,7 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
     gkey, mkey = jax.random.split(key)
     out = generate(rp, lcfg, prompt_tokens, gkey, gen_length=r.max_new_tokens,
                    block_length=d.block_length, steps=d.steps, temperature=r.temperature,
-                   remasking=d.remasking, num_samples=G, prompt_mask=prompt_mask)
+                   remasking=d.remasking, num_samples=G, prompt_mask=prompt_mask, mesh=mesh)
     tokens = out.tokens[:, P:]
     keys = jax.random.key_data(jax.random.split(mkey, d.inner_iterations))  # [M, 2]
     batch = DiffusionBatch(jnp.repeat(prompt_tokens, G, axis=0),
@@ -130,7 +135,7 @@ def rollout(params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: 
                            completion_mask(tokens, eos_ids).astype(jnp.float32),
                            jnp.zeros((0,), jnp.float32), keys, out.logprobs + out.select_logprobs,
                            out.reveal_step, out.select_logprobs)
-    return batch._replace(logp=_estimates(rp, lcfg, batch, keys, d.p_mask))
+    return batch._replace(logp=_estimates(rp, lcfg, batch, keys, d.p_mask, mesh))
 
 
 def _model(params: Any, cfg: Config, view: Any = None, key: jax.Array | None = None) -> Any:
@@ -144,14 +149,16 @@ def _model(params: Any, cfg: Config, view: Any = None, key: jax.Array | None = N
 
 
 def _trainer_estimates(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig,
-                       cfg: Config, view: Any = None) -> jax.Array:
+                       cfg: Config, view: Any = None, mesh: Mesh | None = None) -> jax.Array:
     """Detached estimates ``[M, B, N]`` of params in the compute dtype (batch's prompt masks)."""
     p = _model(params, cfg, view)
-    return jax.lax.stop_gradient(_estimates(p, lcfg, batch, batch.mask_keys, cfg.diffusion.p_mask))
+    est = _estimates(p, lcfg, batch, batch.mask_keys, cfg.diffusion.p_mask, mesh)
+    return jax.lax.stop_gradient(est)
 
 
 def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
-          view: Any = None) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
+          view: Any = None,
+          mesh: Mesh | None = None) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
     """Detached trainer log-probs of the batch (``logp_old``).
 
     ``diffusion.ratio: estimator``: the estimates ``[M, B, N]`` under the batch's prompt
@@ -160,9 +167,10 @@ def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
     selection parts), the third its selection part alone, under the params in the compute
     dtype (`ais_jax.training.llada.trajectory.trajectory_logprobs`, ``diffusion.steps``
     forwards); only this mode runs the replay.  ``view``: ``params -> model params``
-    (LoRA, `ais_jax.training.lora_policy.view`; never with dropout), or None.
+    (LoRA, `ais_jax.training.lora_policy.view`; never with dropout), or None.  ``mesh``: the
+    program's device mesh, for the TPU attention kernel on several devices, or None.
     """
-    est = _trainer_estimates(params, batch, lcfg, cfg, view)
+    est = _trainer_estimates(params, batch, lcfg, cfg, view, mesh)
     if cfg.diffusion.ratio != "trajectory":
         return est
     p = _model(params, cfg, view)
@@ -171,7 +179,7 @@ def score(params: Any, batch: DiffusionBatch, lcfg: LLaDAConfig, cfg: Config,
                                    temperature=cfg.rollout.temperature,
                                    block_length=cfg.diffusion.block_length,
                                    remasking=cfg.diffusion.remasking,
-                                   prompt_mask=batch.prompt_mask, parts=True)
+                                   prompt_mask=batch.prompt_mask, parts=True, mesh=mesh)
     return est, jax.lax.stop_gradient(tok + sel), jax.lax.stop_gradient(sel)
 
 
@@ -241,11 +249,11 @@ def update(state: TrainState, batch: DiffusionBatch, rewards: jax.Array, key: ja
     logp_old, traj_old, sel_old = _old_logprobs(state, batch, logp_old, lcfg, cfg, view)
     use_ref = ref_params is not None and cfg.train.beta_kl > 0
     traj_sur = d.surrogate == "trajectory"  # the config requires ratio=trajectory with it
-    logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg) if use_ref and not traj_sur
-                else jnp.zeros_like(logp_old))
+    logp_ref = (_trainer_estimates(ref_params, batch, lcfg, cfg, mesh=mesh)
+                if use_ref and not traj_sur else jnp.zeros_like(logp_old))
     loss_cfg = loss_config(cfg.train)
     scale = scale_knobs(cfg, lcfg, mesh)
-    replay = _replay_fn(lcfg, cfg, scale["remat"] != "none")
+    replay = _replay_fn(lcfg, cfg, scale["remat"] != "none", mesh)
     traj_ref = (jax.lax.stop_gradient(replay(_model(ref_params, cfg), batch))
                 if use_ref and traj_sur else None)
     shards = 1 if mesh is None else shd.batch_divisor(mesh)
@@ -297,7 +305,8 @@ def _old_logprobs(state: TrainState, batch: DiffusionBatch, logp_old: Any, lcfg:
     return logp_old if isinstance(logp_old, tuple) else (logp_old, None, None)
 
 
-def _replay_fn(lcfg: LLaDAConfig, cfg: Config, remat: bool) -> Callable[[Any, Any], jax.Array]:
+def _replay_fn(lcfg: LLaDAConfig, cfg: Config, remat: bool,
+               mesh: Mesh | None = None) -> Callable[[Any, Any], jax.Array]:
     """``replay(model, batch) -> [rows, N]``: the trajectory surrogate's trainer replay of the
     batch's reveal order (`trajectory_logprobs`; one step at a time under remat)."""
     d = cfg.diffusion
@@ -306,7 +315,8 @@ def _replay_fn(lcfg: LLaDAConfig, cfg: Config, remat: bool) -> Callable[[Any, An
         return trajectory_logprobs(model, lcfg, b.prompt_tokens, b.tokens, b.reveal_step,
                                    steps=d.steps, temperature=cfg.rollout.temperature,
                                    block_length=d.block_length, remasking=d.remasking,
-                                   prompt_mask=b.prompt_mask, chunk=int(remat), remat=remat)
+                                   prompt_mask=b.prompt_mask, chunk=int(remat), remat=remat,
+                                   mesh=mesh)
 
     return replay
 
@@ -364,9 +374,9 @@ def build_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.GradientTrans
     batch_sh, old_sh, b2, rep = shardings(mesh, cfg)
 
     rollout_jit = jax.jit(
-        lambda params, pt, pm, key: rollout(params, pt, pm, key, lcfg, cfg, eos_ids),
+        lambda params, pt, pm, key: rollout(params, pt, pm, key, lcfg, cfg, eos_ids, mesh),
         in_shardings=(st_sh.params, b2, b2, rep), out_shardings=batch_sh)
-    score_jit = jax.jit(lambda params, batch: score(params, batch, lcfg, cfg),
+    score_jit = jax.jit(lambda params, batch: score(params, batch, lcfg, cfg, mesh=mesh),
                         in_shardings=(st_sh.params, batch_sh), out_shardings=old_sh)
     ref_sh = st_sh.params if cfg.train.beta_kl > 0 else None
 
@@ -384,7 +394,7 @@ def build_step_fns(state: TrainState, mesh: Mesh, optimizer: optax.GradientTrans
 
         def sft_fn(params, opt_state, tokens, loss_mask, key):
             (loss, aux), g = jax.value_and_grad(sft_loss, has_aux=True)(
-                params, tokens, loss_mask, key, lcfg, pad_id, cdt)
+                params, tokens, loss_mask, key, lcfg, pad_id, cdt, mesh)
             updates, opt_state = sft_optimizer.update(g, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux}
 

@@ -39,7 +39,7 @@ over the steps with `jax.vmap`, or over chunks of steps with `jax.lax.map` when
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +78,7 @@ class ReplayBatch(NamedTuple):
 def step_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array, attn: jax.Array,
                   tokens: jax.Array, reveal_step: jax.Array, i: jax.Array, *,
                   temperature: float, block_length: int, steps_per_block: int,
-                  remasking: str) -> tuple[jax.Array, jax.Array]:
+                  remasking: str, mesh: Any = None) -> tuple[jax.Array, jax.Array]:
     """The two parts of global step ``i``'s log-prob, per revealed token, on that step's canvas.
 
     Args:
@@ -106,7 +106,8 @@ def step_logprobs(params: dict, cfg: LLaDAConfig, prompt: jax.Array, attn: jax.A
     P = prompt.shape[1]
     mask_id = cfg.mask_token_id
     canvas = jnp.where(reveal_step < i, tokens, mask_id)  # revealed before step i
-    logits = forward(params, jnp.concatenate([prompt, canvas], axis=1), cfg, attn)[:, P:]
+    logits = forward(params, jnp.concatenate([prompt, canvas], axis=1), cfg, attn, mesh=mesh)
+    logits = logits[:, P:]
     vocab = jnp.arange(cfg.vocab_size)
     allowed = (vocab != mask_id) & (vocab < cfg.text_vocab_size)  # the sampler's candidates
     logits = jnp.where(allowed, logits, -jnp.inf)
@@ -143,6 +144,7 @@ def trajectory_logprobs(
     chunk: int = 0,
     remat: bool = False,
     parts: bool = False,
+    mesh: Any = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Log-prob of each response token's reveal, replaying the sampler's order.
 
@@ -181,6 +183,8 @@ def trajectory_logprobs(
         keeping its activations: for a replay under gradient (``diffusion.surrogate:
         trajectory``), with ``chunk=1`` one step's activations are alive at a time.
       parts: return the two parts separately.
+      mesh: the program's device mesh, for the TPU attention kernel on several devices
+        (`ais_jax.models.llada.model.forward`); None: one device.
 
     Returns:
       ``[R, N]`` float32 complete per-token log-probs (for the params that sampled, the
@@ -214,14 +218,14 @@ def trajectory_logprobs(
     token, select = _replay(params, prompt, pm, sample_tokens, reveal_step, cfg=cfg,
                             steps=steps, temperature=float(temperature),
                             block_length=block_length, remasking=remasking, chunk=chunk,
-                            remat=bool(remat))
+                            remat=bool(remat), mesh=mesh)
     return (token, select) if parts else token + select
 
 
 @partial(jax.jit, static_argnames=("cfg", "steps", "temperature", "block_length", "remasking",
-                                   "chunk", "remat"))
+                                   "chunk", "remat", "mesh"))
 def _replay(params, prompt, prompt_mask, tokens, reveal_step, *, cfg, steps, temperature,
-            block_length, remasking, chunk, remat) -> tuple[jax.Array, jax.Array]:
+            block_length, remasking, chunk, remat, mesh=None) -> tuple[jax.Array, jax.Array]:
     R, N = tokens.shape
     attn = jnp.concatenate([prompt_mask, jnp.ones((R, N), jnp.bool_)], axis=1)  # [R, P + N]
     spb = steps // (N // block_length)
@@ -229,7 +233,7 @@ def _replay(params, prompt, prompt_mask, tokens, reveal_step, *, cfg, steps, tem
     def at(i: jax.Array) -> tuple[jax.Array, jax.Array]:  # ([R, N], [R, N])
         return step_logprobs(params, cfg, prompt, attn, tokens, reveal_step, i,
                              temperature=temperature, block_length=block_length,
-                             steps_per_block=spb, remasking=remasking)
+                             steps_per_block=spb, remasking=remasking, mesh=mesh)
 
     if remat:
         at = jax.checkpoint(at)
