@@ -119,7 +119,7 @@ def _sharded(run: Any, mesh: Any, Qn: int, Kn: int) -> Any:
     the SPMD partitioner cannot split)."""
     from jax.sharding import PartitionSpec as P
 
-    from ais_jax.training.sharding import BATCH_AXES
+    from ais_jax.models.layout import BATCH_AXES
 
     tp = dict(mesh.shape).get("tensor", 1)
     heads = "tensor" if tp > 1 and Qn % tp == 0 and Kn % tp == 0 else None

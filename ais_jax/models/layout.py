@@ -241,6 +241,12 @@ _FUSED_AXES: dict[str, tuple[str | None, ...]] = {
     "b_gate_up": ("layers", "fused"),
 }
 
+# The device mesh's axis names (`ais_jax.training.sharding.make_mesh`), and those a batch's
+# rows are sharded over: here so that the models layer (the TPU attention kernel's shard_map)
+# names them without importing the training layer.
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
 # Param name -> logical axes (no config needed; what sharding looks leaves up by).
 LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     **{name: info.axes for name, info in (TOP_PARAMS | LAYER_PARAMS).items()},

@@ -30,10 +30,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ais_jax.models.fp8 import QuantArray
-from ais_jax.models.layout import LOGICAL_AXES
-
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+from ais_jax.models.layout import BATCH_AXES, LOGICAL_AXES, MESH_AXES
 
 # Logical axis -> mesh axis, or mesh axes sharding one dimension together (None: replicated).
 Rule = str | tuple[str, ...] | None
