@@ -308,6 +308,13 @@ def test_bucket_sources_pass_the_config_checks_other_schemes_do_not(gcs_emulator
         (OSError("Forbidden: ais/run/x\nno access"), "permission denied"),
         (RuntimeError("401 Unauthorized: invalid credentials"), "no usable credentials"),
         (TimeoutError("timed out"), "does not answer"),
+        # a port or size holding 403 / 401 is no HTTP status (the emulator's random port
+        # 40317 once made a lost endpoint read as "permission denied")
+        (OSError("Cannot connect to host 127.0.0.1:40317 ssl:default [Connect call failed]"),
+         "does not answer"),
+        (OSError("Cannot connect to host 127.0.0.1:34011 [Connection refused]"), "does not answer"),
+        (OSError("HTTP 403: ais/run/x"), "permission denied"),
+        (OSError("Timeout after 4013 bytes"), "does not answer"),
     ],
 )
 def test_store_failures_are_one_line_with_their_fix(error, says):

@@ -102,13 +102,23 @@ def _one_line(e: BaseException) -> str:
     return text[:200]
 
 
+def _status(e: BaseException, low: str, code: int) -> bool:
+    """Whether ``e`` is the HTTP status ``code``: its ``code`` / ``status`` attribute, else the
+    number standing alone in its text ``low`` (not inside a port, as ``127.0.0.1:40317``, or
+    another number)."""
+    for attr in ("code", "status"):
+        if isinstance(getattr(e, attr, None), int):
+            return getattr(e, attr) == code
+    return re.search(rf"(?<![:\d.]){code}(?![\d.])", low) is not None
+
+
 def remote_error(e: BaseException, path: str) -> StorageError:
     """The one-line `StorageError` of a failed object-store call on ``path``."""
     text = _one_line(e)
     low = text.lower()
-    if "forbidden" in low or "403" in low or isinstance(e, PermissionError):
+    if "forbidden" in low or _status(e, low, 403) or isinstance(e, PermissionError):
         why = "permission denied; grant this account access to the bucket"
-    elif "credential" in low or "401" in low or "unauthorized" in low:
+    elif "credential" in low or _status(e, low, 401) or "unauthorized" in low:
         why = (
             "no usable credentials; run `gcloud auth application-default login` or set "
             "GOOGLE_APPLICATION_CREDENTIALS"
