@@ -243,3 +243,17 @@ def test_kernel_runs_under_shard_map_on_a_mesh():
         [sys.executable, "-c", _MESH_CHILD], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_an_explicit_pallas_off_tpu_is_announced_on_cpu_and_refused_on_gpu():
+    from ais_jax.core.errors import UsageError
+    from ais_jax.training.steps import interpret_note
+
+    note = interpret_note("pallas", "cpu")
+    assert note is not None and "interpret mode" in note and "model.attention=auto" in note
+    assert interpret_note("pallas", "tpu") is None
+    for other in ("auto", "reference", "chunked", "cudnn"):
+        assert interpret_note(other, "cpu") is None
+        assert interpret_note(other, "gpu") is None
+    with pytest.raises(UsageError, match=r"runs only on TPU.*not on gpu"):
+        interpret_note("pallas", "gpu")

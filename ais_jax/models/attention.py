@@ -33,7 +33,8 @@ Implementations (``model.attention``; `resolve` maps ``auto``):
   LLaDA's forward) over plain keys; anything else (a decode step, a prefill into a
   longer cache, an FP8 / int8 cache) falls back to ``reference``, as an explicit
   ``pallas`` does too.  On CPU it runs in Pallas's
-  interpret mode (tests only: slow).
+  interpret mode (tests only: slow; an explicit ``pallas`` says so at start), and
+  an explicit ``pallas`` on GPU is refused (`ais_jax.training.steps.interpret_note`).
 
 The backend is ``jax.default_backend()`` at trace time, which
 ``python -m ais_jax.plan --target`` sets to the target's platform

@@ -22,6 +22,7 @@ import optax
 from jax.sharding import Mesh
 
 from ais_jax.config.schema import Config, RolloutSection
+from ais_jax.core.errors import UsageError
 from ais_jax.method.distributions import token_logprobs
 from ais_jax.models import fp8, fused
 from ais_jax.models.model import ModelConfig
@@ -49,6 +50,32 @@ class TokenIds(NamedTuple):
 
     eos_ids: tuple[int, ...]
     pad_id: int | None
+
+
+def interpret_note(attention: str, platform: str) -> str | None:
+    """The start-up line for ``model.attention=pallas`` off TPU, else None.
+
+    The Pallas kernels are TPU kernels: on CPU they run in Pallas's interpret mode (the
+    same numbers, many times slower), which a user asking for ``pallas`` should be told;
+    on any other platform (a GPU) they do not compile.
+
+    Args:
+      attention: ``model.attention`` (``auto``, ``reference``, ``chunked``, ``cudnn`` or
+        ``pallas``).
+      platform: the devices' platform, e.g. ``"cpu"``, ``"gpu"``, ``"tpu"``.
+
+    Raises:
+      UsageError: ``pallas`` on a platform other than TPU and CPU.
+    """
+    if attention != "pallas" or platform == "tpu":
+        return None
+    if platform != "cpu":
+        raise UsageError(f"model.attention=pallas runs only on TPU (and on CPU, slowly, in "
+                         f"interpret mode), not on {platform}: set model.attention=auto "
+                         "(cuDNN where it fits) or reference")
+    return (f"model.attention=pallas on {platform}: the TPU kernels run in Pallas's interpret "
+            "mode here (the same attention, many times slower); model.attention=auto picks the "
+            "fast one for this backend")
 
 
 def resolve_precision(r: RolloutSection, device_kind: str | None = None) -> RolloutSection:
@@ -231,6 +258,9 @@ def build_step_fns(
         cfg = dataclasses.replace(cfg, rollout=resolve_precision(cfg.rollout, kind))
         print(f"rollout.precision=auto: {cfg.rollout.precision} on {kind} "
               "(docs/accelerators.md, native formats)", flush=True)
+    note = interpret_note(cfg.model.attention, mesh.devices.flat[0].platform)
+    if note:
+        print(note, flush=True)
     st_sh = state_shardings(state, mesh, None if lora_policy is None else lora_policy.cfg)
     rep = shd.replicated(mesh)
     b2 = shd.batch_sharding(mesh, 2)
