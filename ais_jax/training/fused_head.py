@@ -39,7 +39,11 @@ from ais_jax.models.qarray import QuantArray
 
 
 def use_fused_head(
-    temperature: float, top_k: int, top_p: float, head: Any, backend: str | None = None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    head: Any,
+    backend: str | None = None,
     vocab_parallel: bool = False,
 ) -> bool:
     """Whether the update's head log-probs take `token_logprobs_from_hidden`.
@@ -56,14 +60,19 @@ def use_fused_head(
       True where the fused form is used.
     """
     backend = jax.default_backend() if backend is None else backend
-    return (backend == "tpu" and not truncates(temperature, top_k, top_p)
-            and not isinstance(head, QuantArray) and not vocab_parallel)
+    return (
+        backend == "tpu"
+        and not truncates(temperature, top_k, top_p)
+        and not isinstance(head, QuantArray)
+        and not vocab_parallel
+    )
 
 
 def _dot_v(x: jax.Array, w: jax.Array) -> jax.Array:
     """``[..., D] x [V, D] -> [..., V]`` float32."""
-    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)
+    return jax.lax.dot_general(
+        x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    )
 
 
 def _scaled(z: jax.Array, m: jax.Array, temperature: float) -> jax.Array:
@@ -76,8 +85,9 @@ def _fused(x: jax.Array, w: jax.Array, tokens: jax.Array, temperature: float) ->
     return _fused_fwd(x, w, tokens, temperature)[0]
 
 
-def _fused_fwd(x: jax.Array, w: jax.Array, tokens: jax.Array, temperature: float
-               ) -> tuple[jax.Array, tuple]:
+def _fused_fwd(
+    x: jax.Array, w: jax.Array, tokens: jax.Array, temperature: float
+) -> tuple[jax.Array, tuple]:
     z = _dot_v(x, w)  # [..., V] float32
     m = jnp.max(z, axis=-1, keepdims=True)  # [..., 1]
     l = jnp.log(jnp.sum(jnp.exp(_scaled(z, m, temperature)), axis=-1, keepdims=True))
@@ -95,11 +105,13 @@ def _fused_bwd(temperature: float, res: tuple, g: jax.Array) -> tuple:
     if temperature not in (0, 1):
         dz = dz / temperature
     dz = dz.astype(x.dtype)  # written once; read by both gradient matmuls
-    dx = jax.lax.dot_general(dz, w, (((dz.ndim - 1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)  # [..., D]
+    dx = jax.lax.dot_general(
+        dz, w, (((dz.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )  # [..., D]
     lead = tuple(range(dz.ndim - 1))
-    dw = jax.lax.dot_general(dz, x, ((lead, lead), ((), ())),
-                             preferred_element_type=jnp.float32)  # [V, D]
+    dw = jax.lax.dot_general(
+        dz, x, ((lead, lead), ((), ())), preferred_element_type=jnp.float32
+    )  # [V, D]
     return dx.astype(x.dtype), dw.astype(w.dtype), None
 
 

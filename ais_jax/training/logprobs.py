@@ -132,21 +132,30 @@ def head_logprobs(
     head = params.get("lm_head", params["embed"])
     vocab_parallel = head_constrain is not None and "lm_head" in params
     if use_fused_head(temperature, top_k, top_p, head, vocab_parallel=vocab_parallel):
-        return _fused_head_logprobs(params, h, tokens, cfg, temperature, chunk=chunk,
-                                    constrain=constrain, both=both)
+        return _fused_head_logprobs(
+            params, h, tokens, cfg, temperature, chunk=chunk, constrain=constrain, both=both
+        )
 
     def fn(logits: jax.Array, tc: jax.Array) -> Any:
         if both:
             return token_logprob_pair(logits, tc, temperature, top_k, top_p)
         return token_logprobs(logits, tc, temperature, top_k, top_p)
 
-    return head_map(params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain,
-                    head_constrain=head_constrain)
+    return head_map(
+        params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain, head_constrain=head_constrain
+    )
 
 
 def _fused_head_logprobs(
-    params: dict, h: jax.Array, tokens: jax.Array, cfg: model_lib.ModelConfig,
-    temperature: float, *, chunk: int, constrain: Constrain | None, both: bool,
+    params: dict,
+    h: jax.Array,
+    tokens: jax.Array,
+    cfg: model_lib.ModelConfig,
+    temperature: float,
+    *,
+    chunk: int,
+    constrain: Constrain | None,
+    both: bool,
 ) -> Any:
     """`head_logprobs` by `ais_jax.training.fused_head` (untruncated, plain head weight):
     chunks without `jax.checkpoint` (the custom VJP keeps no logits)."""
@@ -206,8 +215,12 @@ def head_map(
 
 
 def map_chunks(
-    one: Callable[[jax.Array, jax.Array], Any], h: jax.Array, tokens: jax.Array, chunk: int,
-    *, remat: bool = True,
+    one: Callable[[jax.Array, jax.Array], Any],
+    h: jax.Array,
+    tokens: jax.Array,
+    chunk: int,
+    *,
+    remat: bool = True,
 ) -> Any:
     """``one(h [B, c, D], tokens [B, c])`` (a pytree of ``[B, c]``) over chunks of ``c``
     positions under `jax.lax.scan`, each step under `jax.checkpoint` with ``remat``; the
@@ -224,7 +237,8 @@ def map_chunks(
         step = jax.checkpoint(step)
     _, out = jax.lax.scan(step, None, (jnp.moveaxis(hp, 1, 0), jnp.moveaxis(tp, 1, 0)))
     return jax.tree.map(
-        lambda y: jnp.moveaxis(y, 0, 1).reshape(B, n_chunks * chunk)[:, :N], out)  # [B, N]
+        lambda y: jnp.moveaxis(y, 0, 1).reshape(B, n_chunks * chunk)[:, :N], out
+    )  # [B, N]
 
 
 def completion_logprobs(
@@ -264,10 +278,22 @@ def completion_logprobs(
     """
     P = prompt_tokens.shape[1]
     seq = jnp.concatenate([prompt_tokens, tokens], axis=1)  # [B, P+N]
-    seq_mask = jnp.concatenate([prompt_mask.astype(jnp.bool_),
-                                jnp.ones(tokens.shape, jnp.bool_)], axis=1)
-    h = hidden_states(params, seq[:, :-1], cfg, seq_mask[:, :-1], remat=remat,
-                      constrain=constrain)  # [B, P+N-1, D]
-    return head_logprobs(params, h[:, P - 1:], tokens, cfg, temperature, top_k, top_p,
-                         chunk=chunk, constrain=constrain, head_constrain=head_constrain,
-                         both=both)
+    seq_mask = jnp.concatenate(
+        [prompt_mask.astype(jnp.bool_), jnp.ones(tokens.shape, jnp.bool_)], axis=1
+    )
+    h = hidden_states(
+        params, seq[:, :-1], cfg, seq_mask[:, :-1], remat=remat, constrain=constrain
+    )  # [B, P+N-1, D]
+    return head_logprobs(
+        params,
+        h[:, P - 1 :],
+        tokens,
+        cfg,
+        temperature,
+        top_k,
+        top_p,
+        chunk=chunk,
+        constrain=constrain,
+        head_constrain=head_constrain,
+        both=both,
+    )
