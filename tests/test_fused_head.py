@@ -43,6 +43,36 @@ def test_known_answer_value_and_gradients():
     )
 
 
+def test_one_pass_max_sumexp_pick_known_answers():
+    z = jnp.array([[-1000.0, 0.0, 50.0, 49.0], [-jnp.inf, 3.0, -jnp.inf, -jnp.inf]])
+    t = jnp.array([2, 1])
+    m, se, zt = fused_head._max_sumexp_pick(z, t, 1.0)
+    np.testing.assert_array_equal(np.asarray(m[:, 0]), [50.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(zt[:, 0]), [50.0, 3.0])  # exact
+    np.testing.assert_allclose(
+        np.asarray(se[:, 0]), [1 + math.exp(-1) + math.exp(-50), 1.0], rtol=1e-6
+    )
+    _, se_half, _ = fused_head._max_sumexp_pick(z, t, 0.5)  # exp((z - m) / T)
+    np.testing.assert_allclose(float(se_half[0, 0]), 1 + math.exp(-2), rtol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]),
+    temperature=st.sampled_from([1.0, 0.25, 3.0]),
+)
+def test_one_pass_reduction_equals_two_pass(seed, scale, temperature):
+    z = scale * jax.random.normal(jax.random.key(seed), (3, 257))
+    t = jnp.array([0, 100, 256])
+    m, se, zt = fused_head._max_sumexp_pick(z, t, temperature)
+    want_m = jnp.max(z, axis=-1, keepdims=True)
+    np.testing.assert_array_equal(np.asarray(m), np.asarray(want_m))
+    np.testing.assert_array_equal(np.asarray(zt[:, 0]), np.asarray(z[jnp.arange(3), t]))
+    want = jnp.sum(jnp.exp((z - want_m) / temperature), axis=-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(se), np.asarray(want), rtol=1e-5)
+
+
 def _ref_and_fused(x, w, t, g, temperature):
     def ref(x, w):
         return jnp.sum(g * token_logprobs(x @ w.T, t, temperature))

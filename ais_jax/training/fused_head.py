@@ -1,16 +1,16 @@
 """The vocabulary head and its token log-prob in one `jax.custom_vjp`: fewer passes over the logits.
 
-``log_softmax(x @ W^T)[token]`` by autodiff reads a chunk's ``[B, c, V]`` float32 logits
-seven times per update on a TPU (issue 54; docs/measurements/deviceless_cost.md): the
+``log_softmax(x @ W^T)[token]`` by autodiff passes over a chunk's ``[B, c, V]`` float32
+logits seven times per update on a TPU (issue 54; docs/measurements/deviceless_cost.md): the
 head's matmul with the row max, the exp-sum, the target pick (a masked sum over ``V``),
 and in the backward pass the rematerialized matmul, max and exp-sum again before the two
 gradient matmuls read ``softmax - onehot``.  `token_logprobs_from_hidden` computes the
 same numbers with:
 
-* forward: the matmul with the row max (one write), the exp-sum (one read), the target's
-  logit picked with `jnp.take_along_axis` (``B x c`` elements, not a pass over ``V``);
-  residuals are the input rows, the weight and two ``[B, c]`` float32 vectors (the max
-  ``m`` and ``l = log sum exp((z - m) / T)``), never the logits;
+* forward: the matmul feeding one variadic reduction over ``V`` (`_max_sumexp_pick`: the
+  row max, the online exp-sum and the target's logit), which the TPU compiler fuses into
+  the matmul: the logits are never written; residuals are the input rows, the weight and
+  two ``[B, c]`` float32 vectors (the max ``m`` and ``l = log sum exp((z - m) / T)``);
 * backward: the matmul again, fused with ``dz = g * (onehot - exp((z - m) / T - l)) / T``
   written once in the input's dtype, read by the two gradient matmuls.
 
@@ -21,8 +21,8 @@ decides, in one place, where this form replaces the reference
 (``log_softmax(truncate(logits / T))[token]`` on materialized logits).  It is taken on a
 TPU only (`jax.default_backend()` at trace time, as `ais_jax.models.attention.resolve`
 reads it): the math is the same but the float32 reductions run in another order and the
-gradient of the logits is rounded to the compute dtype before its matmuls (a TPU matmul at
-default precision rounds float32 operands to bfloat16 anyway), so CPU runs keep the
+gradient of the logits is rounded to the compute dtype before its matmuls (at
+`jax.lax.Precision.DEFAULT` a TPU matmul computes in bfloat16 anyway), so CPU runs keep the
 reference form and its bits (tests/test_golden.py).
 """
 
@@ -88,12 +88,33 @@ def _fused(x: jax.Array, w: jax.Array, tokens: jax.Array, temperature: float) ->
 def _fused_fwd(
     x: jax.Array, w: jax.Array, tokens: jax.Array, temperature: float
 ) -> tuple[jax.Array, tuple]:
-    z = _dot_v(x, w)  # [..., V] float32
-    m = jnp.max(z, axis=-1, keepdims=True)  # [..., 1]
-    l = jnp.log(jnp.sum(jnp.exp(_scaled(z, m, temperature)), axis=-1, keepdims=True))
-    idx = tokens.astype(jnp.int32)[..., None]
-    s_t = _scaled(jnp.take_along_axis(z, idx, axis=-1), m, temperature)  # [..., 1]
-    return (s_t - l)[..., 0], (x, w, tokens, m, l)
+    z = _dot_v(x, w)  # [..., V] float32, consumed by one reduction (never written)
+    m, se, z_t = _max_sumexp_pick(z, tokens, temperature)  # [..., 1] each
+    l = jnp.log(se)
+    return (_scaled(z_t, m, temperature) - l)[..., 0], (x, w, tokens, m, l)
+
+
+def _max_sumexp_pick(
+    z: jax.Array, tokens: jax.Array, temperature: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One pass over ``z`` ``[..., V]``: the row max ``m``, ``sum exp((z - m) / T)`` (online:
+    partial sums rescaled when the max grows) and ``z[token]`` (a masked sum: exact), each
+    ``[..., 1]`` float32.  One variadic reduce, which the TPU compiler fuses into the head's
+    matmul: the logits are never written."""
+    inv = 1.0 / temperature if temperature not in (0, 1) else 1.0
+    hit = jnp.arange(z.shape[-1], dtype=jnp.int32) == tokens.astype(jnp.int32)[..., None]
+
+    def combine(a: tuple, b: tuple) -> tuple:
+        (m1, s1, p1), (m2, s2, p2) = a, b
+        m = jnp.maximum(m1, m2)
+        d1 = jnp.where(m1 == m, 0.0, (m1 - m) * inv)  # 0, not nan, when both are -inf
+        d2 = jnp.where(m2 == m, 0.0, (m2 - m) * inv)
+        return m, s1 * jnp.exp(d1) + s2 * jnp.exp(d2), p1 + p2
+
+    ops = (z, jnp.ones_like(z), jnp.where(hit, z, 0.0))
+    init = (jnp.float32(-jnp.inf), jnp.float32(0.0), jnp.float32(0.0))
+    m, se, z_t = jax.lax.reduce(ops, init, combine, (z.ndim - 1,))
+    return m[..., None], se[..., None], z_t[..., None]
 
 
 def _fused_bwd(temperature: float, res: tuple, g: jax.Array) -> tuple:
