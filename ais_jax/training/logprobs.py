@@ -126,6 +126,12 @@ def head_logprobs(
       both: return the pair ``(truncated, full)`` of
         `ais_jax.method.distributions.token_logprob_pair` (one head pass).
 
+    On a TPU, untruncated and with a plain head that is not vocabulary-parallel
+    (`ais_jax.training.fused_head.use_fused_head`), the chunks run
+    `ais_jax.training.fused_head.token_logprobs_from_hidden` (one custom VJP: no logits
+    kept, none rematerialized by `jax.checkpoint`); elsewhere ``log_softmax`` of
+    materialized logits (`head_map`).
+
     Returns:
       ``[B, N]`` float32 (a pair of them with ``both``).
     """
