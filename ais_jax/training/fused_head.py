@@ -21,9 +21,9 @@ decides, in one place, where this form replaces the reference
 (``log_softmax(truncate(logits / T))[token]`` on materialized logits).  It is taken on a
 TPU only (`jax.default_backend()` at trace time, as `ais_jax.models.attention.resolve`
 reads it): the math is the same but the float32 reductions run in another order and the
-gradient of the logits is rounded to the compute dtype before its matmuls (at
-`jax.lax.Precision.DEFAULT` a TPU matmul computes in bfloat16 anyway), so CPU runs keep the
-reference form and its bits (tests/test_golden.py).
+gradient of the logits is rounded to the compute dtype before its matmuls (at default
+precision a TPU may compute a float32 matmul in bfloat16 anyway: JAX's "Matmul precision"
+docs), so CPU runs keep the reference form and its bits (tests/test_golden.py).
 """
 
 from __future__ import annotations
