@@ -17,6 +17,8 @@ vocabulary that array is 15-30 GB).  `completion_logprobs`:
    ``N * V``.  With an untied head sharded on its vocabulary (FSDP,
    `ais_jax.training.sharding.head_constraint`), ``head_constrain`` gathers each chunk's
    rows instead of the head's weight: the logits are computed vocab-parallel.
+   On a TPU (untruncated, plain head, not vocab-parallel) each chunk instead runs
+   `ais_jax.training.fused_head`'s custom VJP, which never writes the float32 logits.
 
 The numbers equal the plain path (full forward, logits sliced to the
 completion, log-softmax) up to float reordering; see ``tests/test_logprobs.py``.
