@@ -17,6 +17,8 @@ vocabulary that array is 15-30 GB).  `completion_logprobs`:
    ``N * V``.  With an untied head sharded on its vocabulary (FSDP,
    `ais_jax.training.sharding.head_constraint`), ``head_constrain`` gathers each chunk's
    rows instead of the head's weight: the logits are computed vocab-parallel.
+   On a TPU (untruncated, plain head, not vocab-parallel) each chunk instead runs
+   `ais_jax.training.fused_head`'s custom VJP, which never writes the float32 logits.
 
 The numbers equal the plain path (full forward, logits sliced to the
 completion, log-softmax) up to float reordering; see ``tests/test_logprobs.py``.
@@ -33,6 +35,7 @@ import jax.numpy as jnp
 from ais_jax.method.distributions import token_logprob_pair, token_logprobs
 from ais_jax.models import model as model_lib
 from ais_jax.models.attention import causal_mask, kernel_len
+from ais_jax.training.fused_head import token_logprobs_from_hidden, use_fused_head
 
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,  # keep every activation of the backward pass
@@ -125,16 +128,55 @@ def head_logprobs(
       both: return the pair ``(truncated, full)`` of
         `ais_jax.method.distributions.token_logprob_pair` (one head pass).
 
+    On a TPU, untruncated and with a plain head that is not vocabulary-parallel
+    (`ais_jax.training.fused_head.use_fused_head`), the chunks run
+    `ais_jax.training.fused_head.token_logprobs_from_hidden` (one custom VJP: no logits
+    kept, none rematerialized by `jax.checkpoint`); elsewhere ``log_softmax`` of
+    materialized logits (`head_map`).
+
     Returns:
       ``[B, N]`` float32 (a pair of them with ``both``).
     """
+    head = params.get("lm_head", params["embed"])
+    vocab_parallel = head_constrain is not None and "lm_head" in params
+    if use_fused_head(temperature, top_k, top_p, head, vocab_parallel=vocab_parallel):
+        return _fused_head_logprobs(
+            params, h, tokens, cfg, temperature, chunk=chunk, constrain=constrain, both=both
+        )
+
     def fn(logits: jax.Array, tc: jax.Array) -> Any:
         if both:
             return token_logprob_pair(logits, tc, temperature, top_k, top_p)
         return token_logprobs(logits, tc, temperature, top_k, top_p)
 
-    return head_map(params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain,
-                    head_constrain=head_constrain)
+    return head_map(
+        params, h, tokens, cfg, fn, chunk=chunk, constrain=constrain, head_constrain=head_constrain
+    )
+
+
+def _fused_head_logprobs(
+    params: dict,
+    h: jax.Array,
+    tokens: jax.Array,
+    cfg: model_lib.ModelConfig,
+    temperature: float,
+    *,
+    chunk: int,
+    constrain: Constrain | None,
+    both: bool,
+) -> Any:
+    """`head_logprobs` by `ais_jax.training.fused_head` (untruncated, plain head weight):
+    chunks without `jax.checkpoint` (the custom VJP keeps no logits)."""
+    pin = constrain if constrain is not None else (lambda x: x)
+    w = params.get("lm_head", params["embed"]).astype(h.dtype)  # cast once, outside the scan
+    eps = cfg.rms_norm_eps
+
+    def one(hc: jax.Array, tc: jax.Array) -> jax.Array:  # [B, c, D], [B, c] -> [B, c]
+        x = model_lib.rms_norm(pin(hc), params["final_norm"], eps)
+        return pin(token_logprobs_from_hidden(x, w.astype(x.dtype), pin(tc), temperature))
+
+    lp = map_chunks(one, h, tokens, chunk, remat=False)
+    return (lp, lp) if both else lp
 
 
 def head_map(
@@ -170,7 +212,6 @@ def head_map(
     Returns:
       ``fn``'s pytree with leaves ``[B, N]``.
     """
-    B, N, D = h.shape
     pin = constrain if constrain is not None else (lambda x: x)
     head_pin = head_constrain if head_constrain is not None and "lm_head" in params else pin
 
@@ -178,16 +219,34 @@ def head_map(
         out = fn(model_lib._logits(params, head_pin(hc), cfg), head_pin(tc))
         return jax.tree.map(pin, out)
 
+    return map_chunks(one, h, tokens, chunk)
+
+
+def map_chunks(
+    one: Callable[[jax.Array, jax.Array], Any],
+    h: jax.Array,
+    tokens: jax.Array,
+    chunk: int,
+    *,
+    remat: bool = True,
+) -> Any:
+    """``one(h [B, c, D], tokens [B, c])`` (a pytree of ``[B, c]``) over chunks of ``c``
+    positions under `jax.lax.scan`, each step under `jax.checkpoint` with ``remat``; the
+    leaves concatenated back to ``[B, N]`` (``chunk <= 0`` or ``>= N``: one call)."""
+    B, N, D = h.shape
     if chunk <= 0 or chunk >= N:
         return one(h, tokens)
     n_chunks = -(-N // chunk)
     pad = n_chunks * chunk - N
     hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(B, n_chunks, chunk, D)
     tp = jnp.pad(tokens, ((0, 0), (0, pad))).reshape(B, n_chunks, chunk)
-    step = jax.checkpoint(lambda _, xs: (None, one(*xs)))
+    step = lambda _, xs: (None, one(*xs))  # noqa: E731
+    if remat:
+        step = jax.checkpoint(step)
     _, out = jax.lax.scan(step, None, (jnp.moveaxis(hp, 1, 0), jnp.moveaxis(tp, 1, 0)))
     return jax.tree.map(
-        lambda y: jnp.moveaxis(y, 0, 1).reshape(B, n_chunks * chunk)[:, :N], out)  # [B, N]
+        lambda y: jnp.moveaxis(y, 0, 1).reshape(B, n_chunks * chunk)[:, :N], out
+    )  # [B, N]
 
 
 def completion_logprobs(
@@ -227,10 +286,22 @@ def completion_logprobs(
     """
     P = prompt_tokens.shape[1]
     seq = jnp.concatenate([prompt_tokens, tokens], axis=1)  # [B, P+N]
-    seq_mask = jnp.concatenate([prompt_mask.astype(jnp.bool_),
-                                jnp.ones(tokens.shape, jnp.bool_)], axis=1)
-    h = hidden_states(params, seq[:, :-1], cfg, seq_mask[:, :-1], remat=remat,
-                      constrain=constrain)  # [B, P+N-1, D]
-    return head_logprobs(params, h[:, P - 1:], tokens, cfg, temperature, top_k, top_p,
-                         chunk=chunk, constrain=constrain, head_constrain=head_constrain,
-                         both=both)
+    seq_mask = jnp.concatenate(
+        [prompt_mask.astype(jnp.bool_), jnp.ones(tokens.shape, jnp.bool_)], axis=1
+    )
+    h = hidden_states(
+        params, seq[:, :-1], cfg, seq_mask[:, :-1], remat=remat, constrain=constrain
+    )  # [B, P+N-1, D]
+    return head_logprobs(
+        params,
+        h[:, P - 1 :],
+        tokens,
+        cfg,
+        temperature,
+        top_k,
+        top_p,
+        chunk=chunk,
+        constrain=constrain,
+        head_constrain=head_constrain,
+        both=both,
+    )
