@@ -83,13 +83,17 @@ def pytest_collection_modifyitems(config, items) -> None:
     items[:] = longest_first(items)
 
 
-@pytest.fixture(autouse=True)
-def _xla_optimized(request):
-    """For a test marked ``xla_optimized``: XLA's default settings, in this process (JAX's
-    flag, and the fusion emitters back on through each compile's option overrides: XLA_FLAGS
-    is read once per process) and in every process the test starts (the environment)."""
-    if request.node.get_closest_marker("xla_optimized") is None:
-        yield
+# While XLA's default settings (`_user_settings`) are in effect: their undo and JAX's former
+# optimization flag; empty under the suite's settings.
+_USER: list = []
+
+
+def _user_settings() -> None:
+    """XLA's default settings, in this process (JAX's flag, and the fusion emitters back on
+    through each compile's option overrides: XLA_FLAGS is read once per process) and in every
+    process started from now on (the environment); no program compiled with the suite's
+    settings is reused.  Nothing to do when they are in effect already."""
+    if _USER:
         return
     import jax
     from jax._src import compiler
@@ -100,20 +104,65 @@ def _xla_optimized(request):
         overrides = {**(env_options_overrides or {}), "xla_cpu_use_fusion_emitters": True}
         return plain(*args, env_options_overrides=overrides, **kwargs)
 
+    # XLA_FLAGS is read when the backend starts: started here, under the suite's flags, it
+    # keeps them for this process's unmarked tests (a marked first test left them off).
+    jax.devices()
     mp = pytest.MonkeyPatch()
     mp.delenv(_LEVEL_0, raising=False)
-    mp.setenv("XLA_FLAGS", " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                                    if f != NO_FUSION_EMITTERS))
+    mp.setenv(
+        "XLA_FLAGS",
+        " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != NO_FUSION_EMITTERS),
+    )
     mp.setattr(compiler, "get_compile_options", with_fusion_emitters)
-    level_0 = jax.config.values["jax_disable_most_optimizations"]
-    jax.clear_caches()  # no program compiled with the suite's settings is reused
+    _USER.append((mp, jax.config.values["jax_disable_most_optimizations"]))
+    jax.clear_caches()
     jax.config.update("jax_disable_most_optimizations", False)
+
+
+def _suite_settings() -> None:
+    """The suite's settings back (undoes `_user_settings`; nothing to do when they are in
+    effect): no program compiled with XLA's defaults is reused."""
+    if not _USER:
+        return
+    import jax
+
+    mp, level_0 = _USER.pop()
+    jax.config.update("jax_disable_most_optimizations", level_0)
+    mp.undo()
+    jax.clear_caches()
+
+
+def _optimized(item) -> bool:
+    return item is not None and item.get_closest_marker("xla_optimized") is not None
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimized(request):
+    """A test marked ``xla_optimized`` runs under XLA's default settings (`_user_settings`),
+    in this process and in every process it starts; any other test under the suite's.
+
+    The settings stay from one marked test to the next one of the same module (see
+    `pytest_runtest_teardown`), so those tests share their compiled programs -- each of
+    tests/test_fp4.py's ~40 tests recompiled the same quantizers and eager ops after two
+    ``jax.clear_caches()``; programs never cross from one setting to the other."""
+    if _optimized(request.node):
+        _user_settings()
+    else:
+        _suite_settings()
+    yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's fixtures are torn down: the suite's settings back, unless the next test
+    is marked ``xla_optimized`` too and in the same module (its module-scoped fixtures,
+    set up before `_xla_optimized`, must never be built under XLA's defaults: no module
+    fixture is set up between two tests of one module but for a test's first use)."""
     try:
-        yield
+        return (yield)
     finally:
-        jax.config.update("jax_disable_most_optimizations", level_0)
-        mp.undo()
-        jax.clear_caches()
+        if not (_optimized(item) and _optimized(nextitem) and nextitem.module is item.module):
+            _suite_settings()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -163,7 +212,6 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_run")
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *TINY_RUN, *TINY_3_STEPS])
     return out, cli.run(cfg)
-
 
 
 @pytest.fixture(scope="session")
