@@ -31,6 +31,11 @@ _OWNER = "AIS_JAX_TEST_CACHE" not in os.environ
 if _OWNER:
     os.environ["AIS_JAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="ais_jax_test_cache_")
 _CACHE = os.environ["AIS_JAX_TEST_CACHE"]
+# A folder for what the test processes of a session make once and share (`tiny_run`).
+_SHARES = "AIS_JAX_TEST_SHARED" not in os.environ
+if _SHARES:
+    os.environ["AIS_JAX_TEST_SHARED"] = tempfile.mkdtemp(prefix="ais_jax_test_shared_")
+_SHARED = os.environ["AIS_JAX_TEST_SHARED"]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)  # turns JAX's file lock on
 os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)
@@ -172,6 +177,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
     if _OWNER:
         shutil.rmtree(_CACHE, ignore_errors=True)
+    if _SHARES:
+        shutil.rmtree(_SHARED, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -194,24 +201,50 @@ def _free_compiled_programs():
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
+def tiny_run():
     """One uninterrupted 3-step tiny run from the default config file (as the CLI starts),
-    made once per test process: ``(out_dir, RunResult)``.
+    made once per session: ``(out_dir, RunResult)``.
 
-    Several modules (test_train, test_reliability_run, test_reliability_results) start from
-    this run; a test that changes the directory works on a copy (`_tiny.copy_run`), never
-    on it.
-    Checkpoints 1, 2 and 3 are kept (``checkpoint.keep`` 3, the default).
+    Several modules (test_train, test_reliability_run, test_reliability_results,
+    test_gcs_run) start from this run; a test that changes the directory works on a copy
+    (`_tiny.copy_run`), never on it.  Checkpoints 1, 2 and 3 are kept (``checkpoint.keep`` 3,
+    the default).  The first test process that needs it makes it, under a file lock, in the
+    session's shared folder (the two xdist workers each made their own before); the others
+    wait for it and read its result.  One run per compiler setting (``XLA_FLAGS``, JAX's
+    optimization level): a pytest process under an ISA cap (tests/test_cpu_isa.py) computes
+    other bits, so it makes its own.
     """
+    import fcntl
+    import hashlib
+    import pathlib
+    import pickle
+
+    setting = f"{os.environ.get('XLA_FLAGS', '')}|{os.environ.get(_LEVEL_0, '')}"
+    out = os.path.join(_SHARED, "tiny_run_" + hashlib.sha256(setting.encode()).hexdigest()[:12])
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not os.path.exists(out + ".pickle"):
+            result = _make_tiny_run(out)
+            with open(out + ".pickle.tmp", "wb") as f:
+                pickle.dump(result, f)
+            os.replace(out + ".pickle.tmp", out + ".pickle")
+        with open(out + ".pickle", "rb") as f:
+            return pathlib.Path(out), pickle.load(f)
+
+
+def _make_tiny_run(out: str):
+    """`tiny_run`'s run into ``out`` (a half-made one from a failed try removed first)."""
+    import shutil
+
     from _tiny import TINY_3_STEPS, TINY_RUN
 
     from ais_jax.config.load import load_config
     from ais_jax.config.schema import DEFAULT_CONFIG_PATH
     from ais_jax.run import cli
 
-    out = tmp_path_factory.mktemp("tiny_run")
+    shutil.rmtree(out, ignore_errors=True)
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *TINY_RUN, *TINY_3_STEPS])
-    return out, cli.run(cfg)
+    return cli.run(cfg)
 
 
 @pytest.fixture(scope="session")
