@@ -148,7 +148,7 @@ def _xla_optimized(request):
 
     The settings stay from one marked test to the next one of the same module (see
     `pytest_runtest_teardown`), so those tests share their compiled programs -- each of
-    tests/test_fp4.py's ~40 tests recompiled the same quantizers and eager ops after two
+    tests/test_fp4.py's 28 tests recompiled the same quantizers and eager ops after two
     ``jax.clear_caches()``; programs never cross from one setting to the other."""
     if _optimized(request.node):
         _user_settings()
@@ -159,10 +159,10 @@ def _xla_optimized(request):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """After a test's fixtures are torn down: the suite's settings back, unless the next test
-    is marked ``xla_optimized`` too and in the same module (its module-scoped fixtures,
-    set up before `_xla_optimized`, must never be built under XLA's defaults: no module
-    fixture is set up between two tests of one module but for a test's first use)."""
+    """After a test's fixtures are torn down: the suite's settings back, unless this test and
+    the next are marked ``xla_optimized`` and of the same module.  (A module- or
+    session-scoped fixture that such a next test is the first to use is then made under XLA's
+    defaults; no marked test uses one today.)"""
     try:
         return (yield)
     finally:
