@@ -31,6 +31,11 @@ _OWNER = "AIS_JAX_TEST_CACHE" not in os.environ
 if _OWNER:
     os.environ["AIS_JAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="ais_jax_test_cache_")
 _CACHE = os.environ["AIS_JAX_TEST_CACHE"]
+# A folder for what the test processes of a session make once and share (`tiny_run`).
+_SHARES = "AIS_JAX_TEST_SHARED" not in os.environ
+if _SHARES:
+    os.environ["AIS_JAX_TEST_SHARED"] = tempfile.mkdtemp(prefix="ais_jax_test_shared_")
+_SHARED = os.environ["AIS_JAX_TEST_SHARED"]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)  # turns JAX's file lock on
 os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)
@@ -83,13 +88,17 @@ def pytest_collection_modifyitems(config, items) -> None:
     items[:] = longest_first(items)
 
 
-@pytest.fixture(autouse=True)
-def _xla_optimized(request):
-    """For a test marked ``xla_optimized``: XLA's default settings, in this process (JAX's
-    flag, and the fusion emitters back on through each compile's option overrides: XLA_FLAGS
-    is read once per process) and in every process the test starts (the environment)."""
-    if request.node.get_closest_marker("xla_optimized") is None:
-        yield
+# While XLA's default settings (`_user_settings`) are in effect: their undo and JAX's former
+# optimization flag; empty under the suite's settings.
+_USER: list = []
+
+
+def _user_settings() -> None:
+    """XLA's default settings, in this process (JAX's flag, and the fusion emitters back on
+    through each compile's option overrides: XLA_FLAGS is read once per process) and in every
+    process started from now on (the environment); no program compiled with the suite's
+    settings is reused.  Nothing to do when they are in effect already."""
+    if _USER:
         return
     import jax
     from jax._src import compiler
@@ -100,20 +109,65 @@ def _xla_optimized(request):
         overrides = {**(env_options_overrides or {}), "xla_cpu_use_fusion_emitters": True}
         return plain(*args, env_options_overrides=overrides, **kwargs)
 
+    # XLA_FLAGS is read when the backend starts: started here, under the suite's flags, it
+    # keeps them for this process's unmarked tests (a marked first test left them off).
+    jax.devices()
     mp = pytest.MonkeyPatch()
     mp.delenv(_LEVEL_0, raising=False)
-    mp.setenv("XLA_FLAGS", " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                                    if f != NO_FUSION_EMITTERS))
+    mp.setenv(
+        "XLA_FLAGS",
+        " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != NO_FUSION_EMITTERS),
+    )
     mp.setattr(compiler, "get_compile_options", with_fusion_emitters)
-    level_0 = jax.config.values["jax_disable_most_optimizations"]
-    jax.clear_caches()  # no program compiled with the suite's settings is reused
+    _USER.append((mp, jax.config.values["jax_disable_most_optimizations"]))
+    jax.clear_caches()
     jax.config.update("jax_disable_most_optimizations", False)
+
+
+def _suite_settings() -> None:
+    """The suite's settings back (undoes `_user_settings`; nothing to do when they are in
+    effect): no program compiled with XLA's defaults is reused."""
+    if not _USER:
+        return
+    import jax
+
+    mp, level_0 = _USER.pop()
+    jax.config.update("jax_disable_most_optimizations", level_0)
+    mp.undo()
+    jax.clear_caches()
+
+
+def _optimized(item) -> bool:
+    return item is not None and item.get_closest_marker("xla_optimized") is not None
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimized(request):
+    """A test marked ``xla_optimized`` runs under XLA's default settings (`_user_settings`),
+    in this process and in every process it starts; any other test under the suite's.
+
+    The settings stay from one marked test to the next one of the same module (see
+    `pytest_runtest_teardown`), so those tests share their compiled programs -- each of
+    tests/test_fp4.py's 28 tests recompiled the same quantizers and eager ops after two
+    ``jax.clear_caches()``; programs never cross from one setting to the other."""
+    if _optimized(request.node):
+        _user_settings()
+    else:
+        _suite_settings()
+    yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's fixtures are torn down: the suite's settings back, unless this test and
+    the next are marked ``xla_optimized`` and of the same module.  (A module- or
+    session-scoped fixture that such a next test is the first to use is then made under XLA's
+    defaults; no marked test uses one today.)"""
     try:
-        yield
+        return (yield)
     finally:
-        jax.config.update("jax_disable_most_optimizations", level_0)
-        mp.undo()
-        jax.clear_caches()
+        if not (_optimized(item) and _optimized(nextitem) and nextitem.module is item.module):
+            _suite_settings()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -123,6 +177,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
     if _OWNER:
         shutil.rmtree(_CACHE, ignore_errors=True)
+    if _SHARES:
+        shutil.rmtree(_SHARED, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -145,25 +201,50 @@ def _free_compiled_programs():
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
+def tiny_run():
     """One uninterrupted 3-step tiny run from the default config file (as the CLI starts),
-    made once per test process: ``(out_dir, RunResult)``.
+    made once per session: ``(out_dir, RunResult)``.
 
-    Several modules (test_train, test_reliability_run, test_reliability_results) start from
-    this run; a test that changes the directory works on a copy (`_tiny.copy_run`), never
-    on it.
-    Checkpoints 1, 2 and 3 are kept (``checkpoint.keep`` 3, the default).
+    Several modules (test_train, test_reliability_run, test_reliability_results,
+    test_gcs_run) start from this run; a test that changes the directory works on a copy
+    (`_tiny.copy_run`), never on it.  Checkpoints 1, 2 and 3 are kept (``checkpoint.keep`` 3,
+    the default).  The first test process that needs it makes it, under a file lock, in the
+    session's shared folder (the two xdist workers each made their own before); the others
+    wait for it and read its result.  One run per compiler setting (``XLA_FLAGS``, JAX's
+    optimization level): a pytest process under an ISA cap (tests/test_cpu_isa.py) computes
+    other bits, so it makes its own.
     """
+    import fcntl
+    import hashlib
+    import pathlib
+    import pickle
+
+    setting = f"{os.environ.get('XLA_FLAGS', '')}|{os.environ.get(_LEVEL_0, '')}"
+    out = os.path.join(_SHARED, "tiny_run_" + hashlib.sha256(setting.encode()).hexdigest()[:12])
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not os.path.exists(out + ".pickle"):
+            result = _make_tiny_run(out)
+            with open(out + ".pickle.tmp", "wb") as f:
+                pickle.dump(result, f)
+            os.replace(out + ".pickle.tmp", out + ".pickle")
+        with open(out + ".pickle", "rb") as f:
+            return pathlib.Path(out), pickle.load(f)
+
+
+def _make_tiny_run(out: str):
+    """`tiny_run`'s run into ``out`` (a half-made one from a failed try removed first)."""
+    import shutil
+
     from _tiny import TINY_3_STEPS, TINY_RUN
 
     from ais_jax.config.load import load_config
     from ais_jax.config.schema import DEFAULT_CONFIG_PATH
     from ais_jax.run import cli
 
-    out = tmp_path_factory.mktemp("tiny_run")
+    shutil.rmtree(out, ignore_errors=True)
     cfg = load_config(DEFAULT_CONFIG_PATH, [f"out_dir={out}", *TINY_RUN, *TINY_3_STEPS])
-    return out, cli.run(cfg)
-
+    return cli.run(cfg)
 
 
 @pytest.fixture(scope="session")

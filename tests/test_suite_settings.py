@@ -38,8 +38,9 @@ print(jax.config.values["jax_disable_most_optimizations"], float(f(jnp.float32({
 
 
 def _child() -> str:
-    out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.split()
 
@@ -67,6 +68,35 @@ def test_a_marked_test_compiles_as_a_users_run():
     assert _child() == ["False", "1.5"]
 
 
+# `_e2m1`'s program, one for the tests below: XLA's defaults round X once, to 1.5.
+_SHARED = jax.jit(lambda a: (a * 1.0 + 0.0).astype(jnp.float4_e2m1fn).astype(jnp.float32) * 2.0)
+_RAN: list[int] = []
+
+
+@pytest.mark.xla_optimized
+@pytest.mark.parametrize("i", [0, 1])
+def test_marked_tests_of_a_module_share_their_programs(i):
+    """From one marked test to the next of the same module the settings stay (conftest's
+    `pytest_runtest_teardown`): the program the first compiled is still cached."""
+    if _RAN:  # the first ran just before, in this process
+        assert _SHARED._cache_size() == 1
+    assert float(_SHARED(jnp.float32(X))) == 3.0  # 2 x 1.5
+    assert not jax.config.values["jax_disable_most_optimizations"]
+    assert NO_FUSION_EMITTERS not in os.environ.get("XLA_FLAGS", "").split()
+    _RAN.append(i)
+
+
+def test_an_unmarked_test_after_marked_ones_has_the_suite_settings_back():
+    """No program compiled with XLA's defaults is reused under the suite's settings."""
+    assert _SHARED._cache_size() == 0
+    if NO_F16C:
+        return
+    assert jax.config.values["jax_disable_most_optimizations"]
+    assert NO_FUSION_EMITTERS in os.environ["XLA_FLAGS"].split()
+    assert float(_SHARED(jnp.float32(X))) == 4.0  # 2 x 2.0
+    assert _child() == ["True", "2.0"]
+
+
 _LINK_CHILD = """
 import jax, jax.numpy as jnp, numpy as np
 from ais_jax.core.errors import xla_link_error
@@ -83,8 +113,9 @@ def test_an_xla_link_failure_without_f16c_is_one_line():
     """jaxlib 0.10.2's XLA:CPU cannot link bfloat16 -> float8_e5m2 in SSE4.2 code (no F16C):
     the CLIs turn that compile error into one line naming the fixes (`xla_link_error`)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
-    out = subprocess.run([sys.executable, "-c", _LINK_CHILD], capture_output=True, text=True,
-                         timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", _LINK_CHILD], capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     line = out.stdout.strip()
     if line == "linked":  # a later jaxlib links it: the recognizer is then merely unused
@@ -104,20 +135,37 @@ def test_the_longest_files_go_first_each_in_its_own_order(monkeypatch):
         def __init__(self, nodeid):
             self.nodeid = nodeid
 
-    ids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t[1]", "tests/c.py::t",
-           "tests/b.py::t[2]", "tests/d.py::t"]
+    ids = [
+        "tests/a.py::t1",
+        "tests/a.py::t2",
+        "tests/b.py::t[1]",
+        "tests/c.py::t",
+        "tests/b.py::t[2]",
+        "tests/d.py::t",
+    ]
     monkeypatch.setattr(_schedule, "SECONDS", {"tests/c.py": 10.0, "tests/d.py": 30.0})
     got = [i.nodeid for i in _schedule.longest_first([Item(n) for n in ids])]
-    assert got == ["tests/d.py::t", "tests/c.py::t", "tests/a.py::t1", "tests/a.py::t2",
-                   "tests/b.py::t[1]", "tests/b.py::t[2]"]
+    assert got == [
+        "tests/d.py::t",
+        "tests/c.py::t",
+        "tests/a.py::t1",
+        "tests/a.py::t2",
+        "tests/b.py::t[1]",
+        "tests/b.py::t[2]",
+    ]
 
 
-@pytest.mark.parametrize("flags,want", [
-    ("--xla_cpu_max_isa=SSE4_2 --xla_dump_to=/tmp/x", "--xla_cpu_max_isa=SSE4_2"),
-    (f"--a=1 {NO_FUSION_EMITTERS} --xla_cpu_max_isa=AVX2",
-     f"{NO_FUSION_EMITTERS} --xla_cpu_max_isa=AVX2"),
-    ("--xla_force_host_platform_device_count=4", None),
-])
+@pytest.mark.parametrize(
+    "flags,want",
+    [
+        ("--xla_cpu_max_isa=SSE4_2 --xla_dump_to=/tmp/x", "--xla_cpu_max_isa=SSE4_2"),
+        (
+            f"--a=1 {NO_FUSION_EMITTERS} --xla_cpu_max_isa=AVX2",
+            f"{NO_FUSION_EMITTERS} --xla_cpu_max_isa=AVX2",
+        ),
+        ("--xla_force_host_platform_device_count=4", None),
+    ],
+)
 def test_a_child_process_keeps_the_isa_cap_and_the_suite_setting_only(monkeypatch, flags, want):
     """A run a test starts in a child process computes on the same machine type as the test
     (under the ISA check's ``--xla_cpu_max_isa=SSE4_2`` a child without the cap computed
