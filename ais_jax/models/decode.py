@@ -70,6 +70,30 @@ def scan_layers_default(cfg: ModelConfig, backend: str | None = None) -> bool:
     return backend == "cpu" and cfg.num_layers > UNROLL_MAX_LAYERS
 
 
+def whole_cache_default(backend: str | None = None) -> bool:
+    """Whether the sampler allocates the decode's whole KV cache once (True) or grows it per
+    decode segment (`ais_jax.rollout.sampler`).
+
+    Each segment attends to a statically sized prefix of the cache.  Grown, every segment
+    pads each layer's buffers into larger new ones: on TPU the compiler's heap then holds
+    the old buffers' holes beside the new ones (the Qwen3-0.6B rollout on v6e-1: 1.96 GB of
+    its 25.73 GB of temporaries were holes at the peak, 2.27 GB with the prefill's attention
+    kernel).  Whole, the cache is allocated once at its final length and each segment reads
+    its prefix by a static slice, which the TPU compiler fuses into the attention matmuls
+    (no copy; docs/measurements/plan_targets.md).  XLA CPU / GPU may copy such a slice in
+    every step, so they keep growing the cache.  The same slots are read either way (the
+    same numbers).
+
+    Args:
+      backend: JAX backend name; default `jax.default_backend()`.
+
+    Returns:
+      True on TPU.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    return backend == "tpu"
+
+
 def prefill(
     params: dict,
     tokens: jax.Array,
@@ -178,7 +202,7 @@ def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
     return {**params, "layers": per_layer}
 
 
-def _scan_layers(x, layers, ck, cv, run, index, dtype):
+def _scan_layers(x, layers, ck, cv, run, index, dtype, window=None):
     """Run the stacked ``layers`` over ``x`` in a `lax.scan`; returns ``(x, ck, cv)``.
 
     The stacked cache buffers ride in the scan carry and each layer writes its
@@ -191,7 +215,7 @@ def _scan_layers(x, layers, ck, cv, run, index, dtype):
         x, ck, cv, l = carry
 
         def kv(k, v):
-            return cache_update((ck, cv), k, v, index, dtype, l)
+            return cache_update((ck, cv), k, v, index, dtype, l, window)
 
         x, (ck, cv) = run(x, lp, kv)
         return (x, ck, cv, l + 1), None
@@ -208,6 +232,7 @@ def extend(
     cfg: ModelConfig,
     *,
     scan_layers: bool | None = None,
+    window: int | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Run ``T`` new tokens through the model, writing them into the cache.
 
@@ -228,6 +253,9 @@ def extend(
       cfg: model config.
       scan_layers: scan over the layers (True) or unroll them (False);
         None: `scan_layers_default`.
+      window: attend to the first ``window`` slots of the cache only (static; the new
+        tokens' slots must lie there): a decode loop that allocates its whole cache once
+        (`whole_cache_default`) reads the prefix its segment has filled.  None: every slot.
 
     Returns:
       ``(logits [B, T, V] float32, updated cache)`` (in the form of ``cache``).
@@ -236,7 +264,8 @@ def extend(
     mask = mask.astype(jnp.bool_)
     pos = cache.pos[:, None] + positions_from_mask(mask)  # [B, T]
     valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))  # [B, S]
-    attn_mask = causal_mask(valid, cache.index, T)  # slots <= each query's, and its own
+    seen = valid if window is None or window >= valid.shape[1] else valid[:, :window]
+    attn_mask = causal_mask(seen, cache.index, T)  # slots <= each query's, and its own
     inv_freq = rope_inv_freq(cfg)
     x = _embed(params, tokens)
     dtype = x.dtype
@@ -255,7 +284,7 @@ def extend(
         layers = stack_buffers(layers) if isinstance(layers, tuple | list) else layers
         if scales is not None:
             layers = {**layers, "act_scales": jnp.asarray(scales, jnp.float32)}
-        x, ck, cv = _scan_layers(x, layers, ck, cv, run, index, dtype)
+        x, ck, cv = _scan_layers(x, layers, ck, cv, run, index, dtype, window)
         ck, cv = (ck, cv) if stacked else (unstack_buffer(ck), unstack_buffer(cv))
     else:
         layers = unstack_layers(params, cfg)["layers"]
@@ -264,7 +293,8 @@ def extend(
         c = unstack_cache(cache) if stacked else cache
         ks, vs = [], []
         for lp, lk, lv in zip(layers, c.k, c.v, strict=True):
-            x, (lk, lv) = run(x, lp, lambda k, v, c=(lk, lv): cache_update(c, k, v, index, dtype))
+            x, (lk, lv) = run(x, lp, lambda k, v, c=(lk, lv): cache_update(
+                c, k, v, index, dtype, window=window))
             ks.append(lk)
             vs.append(lv)
         ck, cv = (stack_buffers(ks), stack_buffers(vs)) if stacked else (tuple(ks), tuple(vs))
