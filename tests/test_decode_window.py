@@ -36,13 +36,15 @@ def test_prefix_known_slices():
     cut = kv_cache.prefix(q, kv_cache.K_LAYOUT, 2)
     np.testing.assert_array_equal(cut.value, q.value[:, :, :2])
     np.testing.assert_array_equal(cut.scale, [[[[0.0], [1.0]]], [[[5.0], [6.0]]]])
-    fixed = QuantArray(value=k.astype(jnp.int8), act_scaling="prefill",
-                       scale=jnp.full((1, 1, 1, 1), 0.5))
+    fixed = QuantArray(
+        value=k.astype(jnp.int8), act_scaling="prefill", scale=jnp.full((1, 1, 1, 1), 0.5)
+    )
     cut = kv_cache.prefix(fixed, kv_cache.K_LAYOUT, 2)
     assert cut.value.shape == (2, 3, 2, 4) and cut.scale.shape == (1, 1, 1, 1)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.slow  # ~8 s on 2 busy cores (load 6-8), eager
+@pytest.mark.parametrize("scan_layers", [True])  # unrolled: the sampler test below
 def test_extend_window_equals_the_cache_cut_to_it(scan_layers):
     """A decode step over a 12-slot cache attending to its first 8 slots gives the logits of
     the same step over the cache cut to 8 slots, and writes the same slots."""
@@ -51,19 +53,26 @@ def test_extend_window_equals_the_cache_cut_to_it(scan_layers):
     logits0, cache = decode.prefill(params, tokens, mask, TINY, 4)
     step = jnp.argmax(logits0[:, -1:], -1).astype(jnp.int32)
     ones = jnp.ones((2, 1), bool)
-    ref, short = decode.extend(params, step, ones, kv_cache.resize_cache(cache, 1, 8), TINY,
-                               scan_layers=scan_layers)
-    got, long = decode.extend(params, step, ones, kv_cache.resize_cache(cache, 1, 12), TINY,
-                              scan_layers=scan_layers, window=8)
+    ref, short = decode.extend(
+        params, step, ones, kv_cache.resize_cache(cache, 1, 8), TINY, scan_layers=scan_layers
+    )
+    got, long = decode.extend(
+        params,
+        step,
+        ones,
+        kv_cache.resize_cache(cache, 1, 12),
+        TINY,
+        scan_layers=scan_layers,
+        window=8,
+    )
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(long.k[..., :8, :], short.k)
     np.testing.assert_array_equal(long.v[..., :8], short.v)
     assert not long.valid[:, 8:].any() and int(long.index) == 5
 
 
-@pytest.mark.parametrize(
-    ("scan_layers", "kv_fp8"), [(False, False), (True, False), (False, True), (True, "int8")]
-)
+@pytest.mark.slow  # 8-17 s each on 2 busy cores (load 6-8; 2 sampler compiles each)
+@pytest.mark.parametrize(("scan_layers", "kv_fp8"), [(False, False), (True, "int8")])
 def test_whole_cache_samples_the_tokens_of_the_grown_cache(monkeypatch, scan_layers, kv_fp8):
     """The sampler with the whole cache (TPU's default, forced here on CPU) draws the same
     tokens and records the same log-probs, bit for bit, as with the cache grown per
@@ -83,9 +92,18 @@ def test_whole_cache_samples_the_tokens_of_the_grown_cache(monkeypatch, scan_lay
     for whole in (False, True):
         monkeypatch.setattr(decode, "whole_cache_default", lambda w=whole: w)
         calls.clear()
-        out[whole] = sampler.sample(params, tokens, mask, jax.random.key(1), TINY,
-                                    max_new_tokens=10, num_samples=2, decode_segments=3,
-                                    kv_fp8=kv_fp8, scan_layers=scan_layers)
+        out[whole] = sampler.sample(
+            params,
+            tokens,
+            mask,
+            jax.random.key(1),
+            TINY,
+            max_new_tokens=10,
+            num_samples=2,
+            decode_segments=3,
+            kv_fp8=kv_fp8,
+            scan_layers=scan_layers,
+        )
         assert calls == ([4 + 9] if whole else [4, 4 + 3, 4 + 6, 4 + 9])
     np.testing.assert_array_equal(out[True].tokens, out[False].tokens)
     np.testing.assert_array_equal(out[True].logp, out[False].logp)
