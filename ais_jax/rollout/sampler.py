@@ -41,11 +41,8 @@ Details:
   sized prefix of the cache.  By default (`default_segments`) up to 64 new
   tokens take one segment and longer budgets up to 16 equal segments, so a
   step attends to about the filled prefix (within 1/16 on average), not the
-  whole cache from the first step; each segment compiles once.  On TPU the cache
-  is allocated once at its final length and each segment reads its prefix by a
-  static slice (`ais_jax.models.decode.whole_cache_default`: no resize between
-  segments, whose buffers fragmented the compiler's heap); elsewhere it grows
-  per segment.  The same slots either way.
+  whole cache from the first step; each segment compiles once.  The cache grows
+  per segment, or on TPU is allocated once (`decode.whole_cache_default`).
 * On CPU with unrolled layers the full-precision linear weights are
   transposed once per call to ``[in, out]`` (small-batch matmuls measured
   ~10% faster per decode step; costs one extra copy of those weights while
