@@ -18,8 +18,13 @@ from ais_jax.models.fp8 import QuantArray
 from ais_jax.rollout import sampler
 
 
-def test_whole_cache_only_on_tpu():
-    assert decode.whole_cache_default("tpu")
+def test_whole_cache_only_on_one_tpu_device():
+    class Mesh:
+        def __init__(self, size):
+            self.size = size
+
+    assert decode.whole_cache_default("tpu") and decode.whole_cache_default("tpu", Mesh(1))
+    assert not decode.whole_cache_default("tpu", Mesh(4))  # 8B on v5p-8: larger (the doc)
     assert not decode.whole_cache_default("cpu") and not decode.whole_cache_default("gpu")
 
 
@@ -90,7 +95,7 @@ def test_whole_cache_samples_the_tokens_of_the_grown_cache(monkeypatch, scan_lay
     monkeypatch.setattr(kv_cache, "resize_cache", spy)
     out = {}
     for whole in (False, True):
-        monkeypatch.setattr(decode, "whole_cache_default", lambda w=whole: w)
+        monkeypatch.setattr(decode, "whole_cache_default", lambda mesh=None, w=whole: w)
         calls.clear()
         out[whole] = sampler.sample(
             params,

@@ -70,28 +70,30 @@ def scan_layers_default(cfg: ModelConfig, backend: str | None = None) -> bool:
     return backend == "cpu" and cfg.num_layers > UNROLL_MAX_LAYERS
 
 
-def whole_cache_default(backend: str | None = None) -> bool:
+def whole_cache_default(backend: str | None = None, mesh: Any = None) -> bool:
     """Whether the sampler allocates the decode's whole KV cache once (True) or grows it per
     decode segment (`ais_jax.rollout.sampler`).
 
     Each segment attends to a statically sized prefix of the cache.  Grown, every segment
-    pads each layer's buffers into larger new ones: on TPU the compiler's heap then holds
-    the old buffers' holes beside the new ones (the Qwen3-0.6B rollout on v6e-1: 1.96 GB of
-    its 25.73 GB of temporaries were holes at the peak, 2.27 GB with the prefill's attention
-    kernel).  Whole, the cache is allocated once at its final length and each segment reads
-    its prefix by a static slice, which the TPU compiler fuses into the attention matmuls
-    (no copy; docs/measurements/plan_targets.md).  XLA CPU / GPU may copy such a slice in
-    every step, so they keep growing the cache.  The same slots are read either way (the
-    same numbers).
+    pads each layer's buffers into larger new ones, and the TPU compiler's heap keeps the old
+    buffers' holes beside the new ones (the Qwen3-0.6B rollout on v6e-1: 2.27 GB of holes at
+    the peak).  Whole, the cache is allocated once at its final length and each segment reads
+    its prefix by a static slice, which the TPU compiler fuses into the attention matmuls (no
+    copy).  Measured by the plan (docs/measurements/plan_targets.md): one v6e chip, rollout
+    31.15 -> 27.68 GB; but Qwen3-8B on v5p-8 (``mesh.fsdp=4``) 26.96 -> 29.61 GB (not
+    analysed), so only a single-device TPU program takes it.  XLA CPU / GPU may copy such a
+    slice in every step: they grow the cache.  The same slots are read either way (the same
+    numbers).
 
     Args:
       backend: JAX backend name; default `jax.default_backend()`.
+      mesh: the program's device mesh (None: one device).
 
     Returns:
-      True on TPU.
+      True on TPU with one device.
     """
     backend = jax.default_backend() if backend is None else backend
-    return backend == "tpu"
+    return backend == "tpu" and (mesh is None or mesh.size == 1)
 
 
 def prefill(

@@ -42,7 +42,7 @@ Details:
   tokens take one segment and longer budgets up to 16 equal segments, so a
   step attends to about the filled prefix (within 1/16 on average), not the
   whole cache from the first step; each segment compiles once.  The cache grows
-  per segment, or on TPU is allocated once (`decode.whole_cache_default`).
+  per segment, or on one TPU chip is allocated once (`decode.whole_cache_default`).
 * On CPU with unrolled layers the full-precision linear weights are
   transposed once per call to ``[in, out]`` (small-batch matmuls measured
   ~10% faster per decode step; costs one extra copy of those weights while
@@ -406,5 +406,5 @@ def sample(
         num_samples=int(num_samples), kv_fp8=kv_fp8 if kv_fp8 == "int8" else bool(kv_fp8),
         segments=segments,
         transpose=jax.default_backend() == "cpu" and not scan, scan_layers=scan, mesh=mesh,
-        whole_cache=decode_lib.whole_cache_default(),
+        whole_cache=decode_lib.whole_cache_default(mesh=mesh),
     )
