@@ -70,6 +70,32 @@ def scan_layers_default(cfg: ModelConfig, backend: str | None = None) -> bool:
     return backend == "cpu" and cfg.num_layers > UNROLL_MAX_LAYERS
 
 
+def whole_cache_default(backend: str | None = None, mesh: Any = None) -> bool:
+    """Whether the sampler allocates the decode's whole KV cache once (True) or grows it per
+    decode segment (`ais_jax.rollout.sampler`).
+
+    Each segment attends to a statically sized prefix of the cache.  Grown, every segment
+    pads each layer's buffers into larger new ones, and the TPU compiler's heap keeps the old
+    buffers' holes beside the new ones (the Qwen3-0.6B rollout on v6e-1: 2.27 GB of holes at
+    the peak).  Whole, the cache is allocated once at its final length and each segment reads
+    its prefix by a static slice, which the TPU compiler fuses into the attention matmuls (no
+    copy).  Measured by the plan (docs/measurements/plan_targets.md): one v6e chip, rollout
+    31.15 -> 27.68 GB; but Qwen3-8B on v5p-8 (``mesh.fsdp=4``) 26.96 -> 29.61 GB (not
+    analysed), so only a single-device TPU program takes it.  XLA CPU / GPU may copy such a
+    slice in every step: they grow the cache.  The same slots are read either way (the same
+    numbers).
+
+    Args:
+      backend: JAX backend name; default `jax.default_backend()`.
+      mesh: the program's device mesh (None: one device).
+
+    Returns:
+      True on TPU with one device.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    return backend == "tpu" and (mesh is None or mesh.size == 1)
+
+
 def prefill(
     params: dict,
     tokens: jax.Array,
@@ -178,7 +204,7 @@ def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
     return {**params, "layers": per_layer}
 
 
-def _scan_layers(x, layers, ck, cv, run, index, dtype):
+def _scan_layers(x, layers, ck, cv, run, index, dtype, window=None):
     """Run the stacked ``layers`` over ``x`` in a `lax.scan`; returns ``(x, ck, cv)``.
 
     The stacked cache buffers ride in the scan carry and each layer writes its
@@ -191,7 +217,7 @@ def _scan_layers(x, layers, ck, cv, run, index, dtype):
         x, ck, cv, l = carry
 
         def kv(k, v):
-            return cache_update((ck, cv), k, v, index, dtype, l)
+            return cache_update((ck, cv), k, v, index, dtype, l, window)
 
         x, (ck, cv) = run(x, lp, kv)
         return (x, ck, cv, l + 1), None
@@ -208,6 +234,7 @@ def extend(
     cfg: ModelConfig,
     *,
     scan_layers: bool | None = None,
+    window: int | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Run ``T`` new tokens through the model, writing them into the cache.
 
@@ -228,6 +255,9 @@ def extend(
       cfg: model config.
       scan_layers: scan over the layers (True) or unroll them (False);
         None: `scan_layers_default`.
+      window: attend to the first ``window`` slots of the cache only (static; the new
+        tokens' slots must lie there): a decode loop that allocates its whole cache once
+        (`whole_cache_default`) reads the prefix its segment has filled.  None: every slot.
 
     Returns:
       ``(logits [B, T, V] float32, updated cache)`` (in the form of ``cache``).
@@ -236,7 +266,8 @@ def extend(
     mask = mask.astype(jnp.bool_)
     pos = cache.pos[:, None] + positions_from_mask(mask)  # [B, T]
     valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))  # [B, S]
-    attn_mask = causal_mask(valid, cache.index, T)  # slots <= each query's, and its own
+    seen = valid if window is None or window >= valid.shape[1] else valid[:, :window]
+    attn_mask = causal_mask(seen, cache.index, T)  # slots <= each query's, and its own
     inv_freq = rope_inv_freq(cfg)
     x = _embed(params, tokens)
     dtype = x.dtype
@@ -255,7 +286,7 @@ def extend(
         layers = stack_buffers(layers) if isinstance(layers, tuple | list) else layers
         if scales is not None:
             layers = {**layers, "act_scales": jnp.asarray(scales, jnp.float32)}
-        x, ck, cv = _scan_layers(x, layers, ck, cv, run, index, dtype)
+        x, ck, cv = _scan_layers(x, layers, ck, cv, run, index, dtype, window)
         ck, cv = (ck, cv) if stacked else (unstack_buffer(ck), unstack_buffer(cv))
     else:
         layers = unstack_layers(params, cfg)["layers"]
@@ -264,7 +295,8 @@ def extend(
         c = unstack_cache(cache) if stacked else cache
         ks, vs = [], []
         for lp, lk, lv in zip(layers, c.k, c.v, strict=True):
-            x, (lk, lv) = run(x, lp, lambda k, v, c=(lk, lv): cache_update(c, k, v, index, dtype))
+            x, (lk, lv) = run(x, lp, lambda k, v, c=(lk, lv): cache_update(
+                c, k, v, index, dtype, window=window))
             ks.append(lk)
             vs.append(lv)
         ck, cv = (stack_buffers(ks), stack_buffers(vs)) if stacked else (tuple(ks), tuple(vs))

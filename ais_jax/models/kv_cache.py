@@ -186,10 +186,13 @@ class ScaledView(NamedTuple):
     scale: jax.Array
 
 
-def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | ScaledView:
+def cache_read(
+    c: Any, perm: tuple, layer: Any, dtype: Any, window: int | None = None
+) -> jax.Array | ScaledView:
     """One layer of a stored buffer, viewed as logical ``[B, S, K, H]`` in ``dtype``.
 
     ``layer``: a layer index of the stacked buffer ``c``; None: ``c`` is one layer.
+    ``window``: view only the first ``window`` slots (`prefix`; None: all ``S``).
     The view's transposition folds into the attention matmuls (no copy).  A
     fixed-scale FP8 buffer (`is_fixed_scale`) gives a `ScaledView` with a scalar
     scale, an int8 buffer with per-(row, token) scales one with ``[B, S]`` scales
@@ -199,6 +202,7 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
         c = jax.tree_util.tree_map(
             lambda a: jax.lax.dynamic_index_in_dim(a, layer, keepdims=False), c
         )
+    c = prefix(c, perm, window)
     order = tuple(perm.index(i) for i in range(4))
     if is_fixed_scale(c):
         return ScaledView(jnp.transpose(c.value.astype(dtype), order), c.scale.reshape(()))
@@ -209,20 +213,40 @@ def cache_read(c: Any, perm: tuple, layer: Any, dtype: Any) -> jax.Array | Scale
     return jnp.transpose(x, order)
 
 
+def prefix(c: Any, perm: tuple, window: int | None) -> Any:
+    """The first ``window`` slots of one layer's stored buffer ``c`` (layout ``perm``), its
+    per-token scales too; ``c`` itself when ``window`` is None or covers every slot.  A static
+    slice: on TPU it fuses into the attention matmul that reads it (no copy)."""
+    axis = _slot_axis(perm, False)
+    S = (c.value if isinstance(c, QuantArray) else c).shape[axis]
+    if window is None or window >= S:
+        return c
+    return jax.tree_util.tree_map(
+        lambda a: jax.lax.slice_in_dim(a, 0, window, axis=axis) if a.shape[axis] == S else a, c
+    )
+
+
 def cache_update(
-    cache_kv: tuple, k: jax.Array, v: jax.Array, index: jax.Array, dtype: Any, layer: Any = None
+    cache_kv: tuple,
+    k: jax.Array,
+    v: jax.Array,
+    index: jax.Array,
+    dtype: Any,
+    layer: Any = None,
+    window: int | None = None,
 ) -> tuple:
     """Write this step's ``k`` / ``v`` ``[B, T, K, H]``; return (new buffers, read views).
 
     ``cache_kv``: the stacked ``(k, v)`` of a `KVCache` with ``layer`` a layer
-    index, or one layer's ``(k, v)`` buffers with ``layer=None``.
+    index, or one layer's ``(k, v)`` buffers with ``layer=None``.  ``window``: the
+    views cover the first ``window`` slots only (`cache_read`; the writes must land there).
     """
     ck, cv = cache_kv
     ck = cache_write(ck, k, K_LAYOUT, layer, index)
     cv = cache_write(cv, v, V_LAYOUT, layer, index)
     return (ck, cv), (
-        cache_read(ck, K_LAYOUT, layer, dtype),
-        cache_read(cv, V_LAYOUT, layer, dtype),
+        cache_read(ck, K_LAYOUT, layer, dtype, window),
+        cache_read(cv, V_LAYOUT, layer, dtype, window),
     )
 
 

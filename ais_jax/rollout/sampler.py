@@ -41,7 +41,8 @@ Details:
   sized prefix of the cache.  By default (`default_segments`) up to 64 new
   tokens take one segment and longer budgets up to 16 equal segments, so a
   step attends to about the filled prefix (within 1/16 on average), not the
-  whole cache from the first step; each segment compiles once.
+  whole cache from the first step; each segment compiles once.  The cache grows
+  per segment, or on one TPU chip is allocated once (`decode.whole_cache_default`).
 * On CPU with unrolled layers the full-precision linear weights are
   transposed once per call to ``[in, out]`` (small-batch matmuls measured
   ~10% faster per decode step; costs one extra copy of those weights while
@@ -60,6 +61,7 @@ Details:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -250,6 +252,7 @@ def _sample_impl(
     transpose: bool,
     scan_layers: bool,
     mesh: Any = None,
+    whole_cache: bool = False,
 ) -> Rollout:
     B0, P = prompt_tokens.shape
     G, N = num_samples, max_new_tokens
@@ -268,6 +271,8 @@ def _sample_impl(
     logits, cache = decode_lib.prefill(params, prompt_tokens, prompt_mask, cfg, P, dtype=dtype,
                                        fp8=kv_fp8, last_only=True, mesh=mesh)  # [B0, 1, V]
     last_logits = jnp.repeat(logits[:, -1], G, axis=0)  # [B, V]
+    ends = _segment_ends(N, segments) if N > 1 else []
+    whole = whole_cache and bool(ends)  # the cache at its final length once (decode_lib)
     tok, lp = draw(jnp.int32(0), last_logits)
     state = _DecodeState(
         step=jnp.int32(1),
@@ -277,16 +282,17 @@ def _sample_impl(
         done=jnp.isin(tok, eos),
         last=tok,
         cache=kv_cache.resize_cache(
-            cache if scan_layers else kv_cache.unstack_cache(cache), G, P),
+            cache if scan_layers else kv_cache.unstack_cache(cache), G,
+            P + ends[-1] - 1 if whole else P),
     )
 
-    def body(st: _DecodeState) -> _DecodeState:
+    def body(st: _DecodeState, window: int | None = None) -> _DecodeState:
         p = _view_params(prepared, transpose)
         # Finished rows enter as padding: never attended to, and never part of an
         # FP8 activation scale (a live row's numbers do not depend on them).
         logits, cache = decode_lib.extend(
             p, st.last[:, None], ~st.done[:, None], st.cache, cfg,
-            scan_layers=scan_layers,
+            scan_layers=scan_layers, window=window,
         )  # [B, 1, V]
         tok, lp = draw(st.step, logits[:, 0])
         tok = jnp.where(st.done, pad_id, tok)
@@ -303,12 +309,12 @@ def _sample_impl(
             cache=cache,
         )
 
-    for end in (_segment_ends(N, segments) if N > 1 else []):
-        # Decode steps [.., end) write cache slots up to P + end - 2.
-        state = state._replace(cache=kv_cache.resize_cache(state.cache, 1, P + end - 1))
-        state = jax.lax.while_loop(
-            lambda st, end=end: (st.step < end) & ~jnp.all(st.done), body, state
-        )
+    for end in ends:  # decode steps [.., end) write cache slots up to P + end - 2
+        if not whole:
+            state = state._replace(cache=kv_cache.resize_cache(state.cache, 1, P + end - 1))
+        state = jax.lax.while_loop(lambda st, end=end: (st.step < end) & ~jnp.all(st.done),
+                                   functools.partial(body, window=P + end - 1 if whole else None),
+                                   state)
     return Rollout(tokens=state.tokens, mask=state.mask, logp=state.logp)
 
 
@@ -316,7 +322,7 @@ _sample_jit = jax.jit(
     _sample_impl,
     static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_ids",
                      "pad_id", "num_samples", "kv_fp8", "segments", "transpose", "scan_layers",
-                     "mesh"),
+                     "mesh", "whole_cache"),
 )
 
 
@@ -400,4 +406,5 @@ def sample(
         num_samples=int(num_samples), kv_fp8=kv_fp8 if kv_fp8 == "int8" else bool(kv_fp8),
         segments=segments,
         transpose=jax.default_backend() == "cpu" and not scan, scan_layers=scan, mesh=mesh,
+        whole_cache=decode_lib.whole_cache_default(mesh=mesh),
     )
