@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -309,13 +309,24 @@ def _sample_impl(
             cache=cache,
         )
 
-    for end in ends:  # decode steps [.., end) write cache slots up to P + end - 2
+    state = _run_segments(state, body, ends, P, whole)
+    return Rollout(tokens=state.tokens, mask=state.mask, logp=state.logp)
+
+
+def _run_segments(
+    state: _DecodeState, body: Callable, ends: list[int], P: int, whole: bool
+) -> _DecodeState:
+    """The decode loop, one `lax.while_loop` per segment ending at each of ``ends``: steps
+    ``[.., end)`` write cache slots up to ``P + end - 2``.  A grown cache is resized to
+    ``P + end - 1`` slots before its segment; a whole one (``whole``) is read through that
+    prefix (``body``'s ``window``)."""
+    for end in ends:
         if not whole:
             state = state._replace(cache=kv_cache.resize_cache(state.cache, 1, P + end - 1))
         state = jax.lax.while_loop(lambda st, end=end: (st.step < end) & ~jnp.all(st.done),
                                    functools.partial(body, window=P + end - 1 if whole else None),
                                    state)
-    return Rollout(tokens=state.tokens, mask=state.mask, logp=state.logp)
+    return state
 
 
 _sample_jit = jax.jit(
