@@ -28,8 +28,10 @@ Details:
 * Tokens are drawn by an exact inverse-CDF draw (one uniform per row, block
   sums, then a cumulative sum inside the chosen block), much cheaper on CPU
   than `jax.random.categorical` (Gumbel logs over the whole vocabulary) and
-  equal in distribution.  All uniforms, ``uniform(key, (N, B))``, are drawn
-  before the loop: the same key and inputs give the same rollout.
+  equal in distribution (on TPU, blocks of 128 entries summed straight from the
+  logits: `ais_jax.method.distributions.lane_blocks`).  All uniforms,
+  ``uniform(key, (N, B))``, are drawn before the loop: the same key and inputs
+  give the same rollout.
 * The KV cache lives inside one jitted program (a `while_loop` carry, updated
   in place; nothing to donate; `ais_jax.models.decode`).  A decode step either scans
   over the stacked layers (one decoder block compiled: a 36-layer model's
