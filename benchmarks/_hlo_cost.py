@@ -314,13 +314,22 @@ def fused_flops_one(ins: hs.Instr, types: dict[str, str]) -> float:
 
 
 def decode_body(mod: hs.HloModule) -> str | None:
-    """The decode step's computation: the body of the top-level loop without a known trip
-    count that has the most kernels (`_hlo_stats.decode_loop_stats`' rule), else None."""
+    """The decode step's computation: of the top-level loops without a known trip count (the
+    sampler's decode segments), the body whose one run the compiler prices highest (the last
+    segment, which attends to the longest prefix of the cache), else None.
+
+    (Until 2026-12-06 the rule was `_hlo_stats.decode_loop_stats`': the body with the most
+    kernels.  With the cache allocated once the segments' bodies have the same kernels, give
+    or take one, and that rule priced the first segment of one arm against the last of
+    another.)"""
     loops = [w for w in hs.top_level_whiles(mod) if w.trip_count is None]
     if not loops:
         return None
-    w = max(loops, key=lambda w: hs._kernels(hs.kernel_counts(mod, w.called()["body"][0])))
-    return w.called()["body"][0]
+
+    def cycles(w: hs.Instr) -> float:
+        return sum(p.cycles * p.runs for p in price(mod, w.called()["body"][0]))
+
+    return max(loops, key=cycles).called()["body"][0]
 
 
 def summarize(items: list[Priced], peak: float, bandwidth: float, clock: float,
@@ -351,10 +360,17 @@ def summarize(items: list[Priced], peak: float, bandwidth: float, clock: float,
 
 def program_cost(text: str, chip: str, decode: bool = False, top: int = 10) -> dict:
     """`summarize` of a compiled program for a `CHIPS` generation: the whole program (loops x
-    trip counts) or, with ``decode``, one decode step (`decode_body`, run once)."""
+    trip counts) or, with ``decode``, one decode step (`decode_body`, run once) and
+    ``segment_cycles``, the cycles of one run of every decode segment's body (module order)."""
     mod = hs.parse_hlo(text)
     comp = decode_body(mod) if decode else mod.entry
     if comp is None:
         return {"error": "no decode loop (a top-level while without a known trip count)"}
     _, peak, bw, clock = CHIPS[chip]
-    return {"computation": comp, **summarize(price(mod, comp), peak, bw, clock, top)}
+    out = {"computation": comp, **summarize(price(mod, comp), peak, bw, clock, top)}
+    if decode:
+        out["segment_cycles"] = [
+            sum(p.cycles * p.runs for p in price(mod, w.called()["body"][0]))
+            for w in hs.top_level_whiles(mod) if w.trip_count is None
+        ]
+    return out

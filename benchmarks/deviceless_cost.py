@@ -13,7 +13,10 @@ Programs:
 * decode: the rollout program of each ``--decode`` model and arm of `gpu_rollout.ARMS`, built
   as `deviceless_kernels_tpu` builds it (`deviceless_kernels.compile_arm`: ``rows / 8`` prompts
   x 8 samples, abstract random-init bf16 params) for a one-chip topology per generation; priced
-  per decode step (the decode loop's body, run once).
+  per decode step: the body of the costliest decode segment (the last, which attends to the
+  longest prefix), run once (`_hlo_cost.decode_body`); ``mean_segment_vs_bf16`` is the ratio of
+  the mean over the segments' bodies (the segments run about as many steps each: 65 and 63 of
+  128 new tokens).
 * update: the update program ``python -m ais_jax.plan --config CONFIG --target TARGET``
   compiles (`update_hlo`: the same state, batch and step functions, prompt bucket 256);
   priced whole (loops x trip count).
@@ -83,6 +86,8 @@ def decode_rows(a: argparse.Namespace) -> list[dict]:
                 if base and "estimated_cycles" in out:
                     out["cycles_vs_bf16"] = out["estimated_cycles"] / base["estimated_cycles"]
                     out["roofline_vs_bf16"] = out["roofline_s"] / base["roofline_s"]
+                    mean = lambda r: sum(r["segment_cycles"]) / len(r["segment_cycles"])  # noqa: E731
+                    out["mean_segment_vs_bf16"] = mean(out) / mean(base)
                 rows.append(out)
                 print(json.dumps({k: v for k, v in out.items() if k != "top"}), flush=True)
     return rows
@@ -206,7 +211,7 @@ def update_rows(a: argparse.Namespace) -> list[dict]:
 def print_tables(rows: list[dict]) -> None:
     """One line per program, then the ten most expensive instructions of each."""
     print(f"\n{'program':<44}{'Mcycles':>9}{'est ms':>9}{'x bf16':>8}{'GFLOP':>9}{'GB':>8}"
-          f"{'roof ms':>9}{'x bf16':>8}{'MFU bound':>10}")
+          f"{'roof ms':>9}{'x bf16':>8}{'MFU bound':>10}{'seg x':>7}")
     for r in rows:
         name = (f"decode {r['model']} {r['tpu']} {r['arm']}" if r["program"] == "decode"
                 else f"update {os.path.basename(r['config'])} {r['target']}")
@@ -218,7 +223,7 @@ def print_tables(rows: list[dict]) -> None:
         print(f"{name:<44}{r['estimated_cycles'] / 1e6:>9.3f}{r['estimated_s'] * 1e3:>9.3f}"
               f"{ratio('cycles_vs_bf16'):>8}{r['flops'] / 1e9:>9.1f}{r['bytes'] / 1e9:>8.2f}"
               f"{r['roofline_s'] * 1e3:>9.3f}{ratio('roofline_vs_bf16'):>8}"
-              f"{mfu:>10}")
+              f"{mfu:>10}{ratio('mean_segment_vs_bf16'):>7}")
     for r in rows:
         if "top" in r:
             print(f"\n{r['program']} {r.get('model', r.get('config'))} "

@@ -117,9 +117,29 @@ def test_decode_body_is_the_loop_without_a_trip_count(mod):
     assert hc.decode_body(mod) == "dbody"
     r = hc.program_cost(_TEXT, "v6e", decode=True)
     assert r["estimated_cycles"] == 507
+    assert r["segment_cycles"] == [507]
     assert r["estimated_s"] == pytest.approx(507 / hc.CHIPS["v6e"][3])
     assert [t["name"] for t in r["top"]] == ["u", "cc"]
     assert r["top"][0]["share"] == pytest.approx(500 / 507)
+
+
+def test_decode_body_is_the_costliest_decode_segment():
+    """Two decode segments (loops without a trip count) with the same kernels: the body the
+    compiler prices higher is the step, whichever comes first in the module."""
+    seg = _TEXT[_TEXT.index("%dbody ("):_TEXT.index("%dcond (")]
+    for first, second in ((500, 900), (900, 500)):
+        body2 = seg.replace("%dbody", "%dbody2").replace(f'"{500}"', f'"{second}"')
+        text = _TEXT.replace(seg, seg.replace(f'"{500}"', f'"{first}"') + body2)
+        text = text.replace(
+            "  ROOT %out",
+            "  %dl2 = (s32[], bf16[64,128]{1,0}, bf16[1,128]{1,0}) while(%dl), "
+            "condition=%dcond, body=%dbody2\n  ROOT %out",
+        )
+        m = hs.parse_hlo(text)
+        assert hc.decode_body(m) == ("dbody2" if second > first else "dbody")
+        r = hc.program_cost(text, "v6e", decode=True)
+        assert r["estimated_cycles"] == 900 + 7
+        assert r["segment_cycles"] == [first + 7, second + 7]
 
 
 def test_flops_of_dots_batched_convolutions_and_elementwise(mod):
