@@ -15,7 +15,7 @@ from ais_jax.models import decode as decode_lib
 from ais_jax.models import fp8, kv_cache
 from ais_jax.models import model as model_lib
 from ais_jax.models.model import ModelConfig
-from ais_jax.rollout import sampler
+from ais_jax.rollout import decode_params, sampler
 from ais_jax.rollout.sampler import bucket_length, default_segments, pad_prompts, sample
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -343,7 +343,7 @@ def test_fp8_rollout_params_and_kv_cache():
 
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_norm_weights_in_float32_before_the_loop_change_no_bit(monkeypatch, scan_layers):
-    """`sampler._norms_f32` converts the RMSNorm weights once, outside the decode loop; the
+    """`decode_params.norms_f32` converts the RMSNorm weights once, outside the decode loop; the
     tokens and log-probs are bit-for-bit those of converting them inside it (rms_norm
     multiplies in float32 either way)."""
     import dataclasses
@@ -356,7 +356,7 @@ def test_norm_weights_in_float32_before_the_loop_change_no_bit(monkeypatch, scan
     for i, name in enumerate(("attn_norm", "mlp_norm", "q_norm", "k_norm")):  # rounded in bf16
         w = p16["layers"][name]
         p16["layers"][name] = (1 + 0.3 * jax.random.normal(keys[i], w.shape)).astype(w.dtype)
-    prepared = sampler._prepare_params(p16, cfg, transpose=False, scan_layers=scan_layers)
+    prepared = decode_params.prepare_params(p16, cfg, transpose=False, scan_layers=scan_layers)
     layers = prepared["layers"] if scan_layers else prepared["layers"][0]
     assert layers["attn_norm"].dtype == jnp.float32 and layers["wq"].dtype == jnp.bfloat16
     assert prepared["final_norm"].dtype == jnp.float32
@@ -366,7 +366,7 @@ def test_norm_weights_in_float32_before_the_loop_change_no_bit(monkeypatch, scan
                       decode_segments=1, scan_layers=scan_layers)
 
     new = run()
-    monkeypatch.setattr(sampler, "_norms_f32", lambda params: params)
+    monkeypatch.setattr(decode_params, "norms_f32", lambda params: params)
     jax.clear_caches()
     old = run()
     np.testing.assert_array_equal(new.tokens, old.tokens)

@@ -76,8 +76,7 @@ from ais_jax.method.distributions import sample_logits_u
 from ais_jax.models import decode as decode_lib
 from ais_jax.models import kv_cache
 from ais_jax.models import model as model_lib
-from ais_jax.models.fp8 import BLOCK_LINEARS, QuantArray
-from ais_jax.models.layout import ROLLOUT_FUSED
+from ais_jax.rollout.decode_params import prepare_params, view_params
 from ais_jax.rollout.sampler_args import check_int, validate_sample_args
 
 
@@ -153,64 +152,6 @@ def pad_prompts(
 # ----------------------------------------------------------------------------- decoding
 
 
-FUSED_LINEARS = tuple(n for n in ROLLOUT_FUSED if n.startswith("w"))  # wqkv, w_gate_up
-
-
-def _transposable(name: str, w: Any) -> bool:
-    # FP8 weights are left alone: XLA CPU hoists their dequantization out of the
-    # decode loop, and transposing them measured no faster.
-    return (name in (*BLOCK_LINEARS, *FUSED_LINEARS, "lm_head") and not isinstance(w, QuantArray)
-            and w.ndim == 2)
-
-
-def _t(w: Any) -> Any:
-    return w.T if _transposable("lm_head", w) else w
-
-
-def _prepare_params(params: dict, cfg: model_lib.ModelConfig, transpose: bool,
-                    scan_layers: bool) -> dict:
-    """Params as the decode loop reads them.
-
-    Scanned layers read the stacked params as they are.  Unrolled layers are
-    unstacked once, and with ``transpose`` (CPU) their linear weights are
-    stored as ``[in, out]`` behind an optimization barrier, so that XLA keeps
-    the copies; `_view_params` turns them back into logical ``[out, in]`` views
-    inside the loop, which XLA folds into the matmuls.  The RMSNorm weights are
-    float32 in both (`_norms_f32`).
-    """
-    params = _norms_f32(params)
-    if scan_layers:
-        return params
-    p = decode_lib.unstack_layers(params, cfg)
-    if not transpose:
-        return p
-    p = dict(p)
-    p.setdefault("lm_head", p["embed"])  # tied: a transposed head beside the embedding
-    return jax.lax.optimization_barrier(_view_params(p, True))
-
-
-def _norms_f32(params: dict) -> dict:
-    """``params`` with the RMSNorm weights (``*_norm``) in float32, converted once before the
-    decode loop: `ais_jax.models.model.rms_norm` multiplies in float32 anyway (the same
-    numbers), and the TPU compiler otherwise converts each of them in a small kernel of its own
-    in every step (113 per Qwen3-0.6B step)."""
-    def f32(d: dict) -> dict:
-        return {k: w.astype(jnp.float32) if k.endswith("_norm") else w for k, w in d.items()}
-
-    layers = params["layers"]
-    layers = tuple(f32(lp) for lp in layers) if isinstance(layers, tuple | list) else f32(layers)
-    return {**f32(params), "layers": layers}
-
-
-def _view_params(p: dict, transpose: bool) -> dict:
-    """Swap the last two axes of the full-precision linear weights (its own inverse)."""
-    if not transpose:
-        return p
-    layers = tuple({k: _t(w) if _transposable(k, w) else w for k, w in lp.items()}
-                   for lp in p["layers"])
-    return {**p, "layers": layers, "lm_head": _t(p["lm_head"])}
-
-
 SEGMENT_STEPS = 64  # default plan: decode segments of at least this many steps ...
 MAX_SEGMENTS = 16  # ... and at most this many segments
 
@@ -260,7 +201,7 @@ def _sample_impl(
     G, N = num_samples, max_new_tokens
     B = B0 * G
     dtype = params["embed"].dtype  # activation / cache dtype
-    prepared = _prepare_params(params, cfg, transpose, scan_layers)
+    prepared = prepare_params(params, cfg, transpose, scan_layers)
     eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
     uniforms = jax.random.uniform(key, (N, B), jnp.float32)  # one per token, drawn up front
@@ -289,7 +230,7 @@ def _sample_impl(
     )
 
     def body(st: _DecodeState, window: int | None = None) -> _DecodeState:
-        p = _view_params(prepared, transpose)
+        p = view_params(prepared, transpose)
         # Finished rows enter as padding: never attended to, and never part of an
         # FP8 activation scale (a live row's numbers do not depend on them).
         logits, cache = decode_lib.extend(
