@@ -21,8 +21,10 @@ import _hlo_stats as hs  # noqa: E402
 
 
 def _bc(cycles: int) -> str:
-    return ('backend_config={"flag_configs":[],"window_config":{"kernel_window_bounds":[],'
-            f'"estimated_cycles":"{cycles}","iteration_bounds":["1"]}},"retry_config":{{}}}}')
+    return (
+        'backend_config={"flag_configs":[],"window_config":{"kernel_window_bounds":[],'
+        f'"estimated_cycles":"{cycles}","iteration_bounds":["1"]}},"retry_config":{{}}}}'
+    )
 
 
 _TEXT = f"""HloModule cost, is_scheduled=true
@@ -126,20 +128,33 @@ def test_decode_body_is_the_loop_without_a_trip_count(mod):
 def test_decode_body_is_the_costliest_decode_segment():
     """Two decode segments (loops without a trip count) with the same kernels: the body the
     compiler prices higher is the step, whichever comes first in the module."""
-    seg = _TEXT[_TEXT.index("%dbody ("):_TEXT.index("%dcond (")]
+    seg = _TEXT[_TEXT.index("%dbody (") : _TEXT.index("%dcond (")]
     for first, second in ((500, 900), (900, 500)):
         body2 = seg.replace("%dbody", "%dbody2").replace(f'"{500}"', f'"{second}"')
         text = _TEXT.replace(seg, seg.replace(f'"{500}"', f'"{first}"') + body2)
         text = text.replace(
             "  ROOT %out",
             "  %dl2 = (s32[], bf16[64,128]{1,0}, bf16[1,128]{1,0}) while(%dl), "
-            "condition=%dcond, body=%dbody2\n  ROOT %out",
+            "condition=%dcond, body=%dbody2\n"
+            # a loop without a trip count and one kernel (not more than half a segment's two):
+            # not a decode segment, however costly
+            "  %sl = (s32[], f32[8,128]{1,0}) while(%t0), condition=%cond, body=%sbody\n"
+            "  ROOT %out",
         )
+        small = _TEXT[_TEXT.index("%body (") : _TEXT.index("%cond (")]
+        small = small.replace("%body", "%sbody").replace('"10"', '"5000"')  # one exp, 5000 cycles
+        text = text.replace("%cond (", small + "%cond (", 1)
         m = hs.parse_hlo(text)
         assert hc.decode_body(m) == ("dbody2" if second > first else "dbody")
         r = hc.program_cost(text, "v6e", decode=True)
         assert r["estimated_cycles"] == 900 + 7
         assert r["segment_cycles"] == [first + 7, second + 7]
+        assert [w.name for w in hc.decode_loops(m)] == ["dl", "dl2"]
+        assert [w.name for w in hs.top_level_whiles(m) if w.trip_count is None] == [
+            "dl",
+            "dl2",
+            "sl",
+        ]
 
 
 def test_flops_of_dots_batched_convolutions_and_elementwise(mod):
@@ -162,8 +177,10 @@ def test_bytes_count_slices_and_in_place_updates(mod):
 
 
 def test_roofline_sums_the_binding_side_per_instruction(mod):
-    items = [hc.Priced("a", "fusion", "", 2, 0, 1e12, 1e9),  # compute-bound: 2 x 1 s
-             hc.Priced("b", "fusion", "", 1, 0, 0.0, 4e9)]  # memory-bound: 2 s
+    items = [
+        hc.Priced("a", "fusion", "", 2, 0, 1e12, 1e9),  # compute-bound: 2 x 1 s
+        hc.Priced("b", "fusion", "", 1, 0, 0.0, 4e9),  # memory-bound: 2 s
+    ]
     s = hc.summarize(items, peak=1e12, bandwidth=2e9, clock=1e9)
     assert s["roofline_s"] == pytest.approx(4.0)
     assert s["compute_bound_s"] == pytest.approx(2.0) and s["memory_bound_s"] == 2.0
@@ -266,7 +283,11 @@ def test_batch_as_window_convolution_over_a_size_one_input_has_one_tap():
     """TPU HLO writes a batched matmul (here ``btd,nhd->bnth``) as a convolution whose batch
     dim is a 64-wide window over a padded size-1 input: one valid tap per output."""
     types = {"w": "bf16[16,128,1024,1]{2,1,0,3}", "h": "bf16[64,768,1024,1]{2,1,3,0}"}
-    ins = hs.Instr("c", "f32[16,128,64,768]{1,3,0,2}", "convolution", ("w", "h"),
-                   ", window={size=64x1 pad=63_63x0_0 rhs_reversal=1x0}, "
-                   "dim_labels=1bf0_0oi1->1b0f")
+    ins = hs.Instr(
+        "c",
+        "f32[16,128,64,768]{1,3,0,2}",
+        "convolution",
+        ("w", "h"),
+        ", window={size=64x1 pad=63_63x0_0 rhs_reversal=1x0}, dim_labels=1bf0_0oi1->1b0f",
+    )
     assert hc._gemm_flops(ins, types) == 2.0 * 16 * 128 * 64 * 768 * 1024
