@@ -82,9 +82,10 @@ def whole_cache_default(backend: str | None = None, mesh: Any = None) -> bool:
     copy); the sampler builds it only after the decode's unstacked params (an optimization
     barrier), else the compiler may allocate it while the FP8 weights exist twice (stacked and
     unstacked: Qwen3-8B on v5p-8, ``mesh.fsdp=4``, 29.61 GB).  Measured by the plan
-    (docs/measurements/plan_targets.md): one v6e chip, rollout 31.15 -> 27.68 GB; Qwen3-8B on
-    v5p-8 26.96 -> 25.75 GB.  XLA CPU / GPU may copy such a slice in every step: they grow the
-    cache.  The same slots are read either way (the same numbers).
+    (docs/measurements/plan_targets.md), rollout, cache grown -> whole: Qwen3-0.6B on one v6e
+    chip 31.15 -> 27.64 GB, Qwen3-8B on v5p-8 26.96 -> 25.75 GB.  XLA CPU / GPU may copy such
+    a slice in every step: they grow the cache.  The same slots are read either way (the same
+    numbers).
 
     Args:
       backend: JAX backend name; default `jax.default_backend()`.
