@@ -5,7 +5,10 @@ as the cache grown per segment."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,14 +21,59 @@ from ais_jax.models.fp8 import QuantArray
 from ais_jax.rollout import sampler
 
 
-def test_whole_cache_only_on_one_tpu_device():
+def test_whole_cache_on_tpu_only():
     class Mesh:
         def __init__(self, size):
             self.size = size
 
     assert decode.whole_cache_default("tpu") and decode.whole_cache_default("tpu", Mesh(1))
-    assert not decode.whole_cache_default("tpu", Mesh(4))  # 8B on v5p-8: larger (the doc)
+    assert decode.whole_cache_default("tpu", Mesh(4))  # 8B on v5p-8: smaller with the barrier
     assert not decode.whole_cache_default("cpu") and not decode.whole_cache_default("gpu")
+
+
+def _fed_by(eqns: list, sources: set) -> set:
+    """The variables of ``eqns`` (in order) computed from any of ``sources``, with them."""
+    seen = set(sources)
+    for e in eqns:
+        if any(not isinstance(v, jax.extend.core.Literal) and v in seen for v in e.invars):
+            seen.update(e.outvars)
+    return seen
+
+
+def test_whole_cache_waits_for_the_decode_params():
+    """With the whole cache the unstacked decode params and the prefill's cache pass one
+    optimization barrier, and the full-length cache is built from its outputs: the compiler
+    cannot allocate the cache before the params' copy (the 8B rollout on v5p-8 did: the whole
+    cache was live while the FP8 weights were unstacked, partly in two copies;
+    docs/measurements/plan_targets.md)."""
+    params = _random_params(TINY)
+    tokens, mask = _left_padded(TINY, 3, 4, [1, 2, 3])
+    run = functools.partial(
+        sampler._sample_impl,
+        cfg=TINY,
+        max_new_tokens=10,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_ids=(),
+        pad_id=0,
+        num_samples=2,
+        kv_fp8=False,
+        segments=3,
+        transpose=False,
+        scan_layers=False,
+        whole_cache=True,
+    )
+    eqns = jax.make_jaxpr(run)(params, tokens, mask, jax.random.key(1)).jaxpr.eqns
+    bar = [e for e in eqns if e.primitive.name == "optimization_barrier"]
+    assert len(bar) == 1
+    shapes = [v.aval.shape for v in bar[0].invars]
+    L, K, H = TINY.num_layers, TINY.num_kv_heads, TINY.head_dim
+    assert shapes.count((K * H, TINY.hidden_size)) == 2 * L  # wk, wv of each layer, unstacked
+    assert (L, 3, K, 4, H) in shapes  # the prefill's keys: 3 prompts, 4 slots
+    after = _fed_by(eqns[eqns.index(bar[0]) + 1 :], set(bar[0].outvars))
+    whole = [e for e in eqns if any(v.aval.shape == (6, K, 4 + 9, H) for v in e.outvars)]
+    assert whole and all(set(e.outvars) <= after for e in whole)
 
 
 def test_prefix_known_slices():

@@ -44,3 +44,29 @@ def test_heap_holes_known_answer(tmp_path):
     assert (r["heap_bytes"], r["live_temp_bytes"], r["hole_bytes"]) == (1000, 600, 400)
     assert r["largest_holes"][:2] == [(200, 500), (200, 100)]
     assert [n for _, n, _ in r["largest_live"]] == ["c", "b", "a"]
+
+
+LR_RANGES = """HloLiveRange (max 9):
+  BufferLiveRange:
+    a{}:0-5
+    b{}:3-8
+    b2{}:8-9
+    c{}:5-9
+    d{}:0-2
+  Live ranges at 0 (peak):
+    d{}: 400 bytes (cumulative: 400 bytes)
+  Stack trace breakdown for peak usage: 400 bytes
+"""
+
+
+def test_live_curve_known_answer(tmp_path):
+    """Ranges a [0, 5] 100 B, b [3, 8] 200 B, c [5, 9] 300 B, d [0, 2] 400 B: 500 B at steps
+    0-2, 600 B (a, b, c) at step 5, the maximum; b2 shares b's slot and overlaps it, so it
+    counts once (twice would give 700 B at step 8)."""
+    b2 = " value: <7 b2 @0> (size=200,offset=300): f32[50]{0}\n"
+    ba = BA.replace("allocation 2:", b2 + "allocation 2:")
+    (tmp_path / "m.jit_rollout_fn.after_optimizations-buffer-assignment.txt").write_text(ba)
+    (tmp_path / "m.jit_rollout_fn.after_optimizations-live-range.txt").write_text(LR_RANGES)
+    c = plan_heap.live_curve(str(tmp_path), "jit_rollout_fn")
+    assert (c["max_live_temp_bytes"], c["step"]) == (600, 5)
+    assert c["live_at_max"] == [(300, 1, "f32[75]"), (200, 1, "f32[50]"), (100, 1, "f32[25]")]

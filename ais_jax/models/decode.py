@@ -79,21 +79,24 @@ def whole_cache_default(backend: str | None = None, mesh: Any = None) -> bool:
     buffers' holes beside the new ones (the Qwen3-0.6B rollout on v6e-1: 2.27 GB of holes at
     the peak).  Whole, the cache is allocated once at its final length and each segment reads
     its prefix by a static slice, which the TPU compiler fuses into the attention matmuls (no
-    copy).  Measured by the plan (docs/measurements/plan_targets.md): one v6e chip, rollout
-    31.15 -> 27.68 GB; but Qwen3-8B on v5p-8 (``mesh.fsdp=4``) 26.96 -> 29.61 GB (not
-    analysed), so only a single-device TPU program takes it.  XLA CPU / GPU may copy such a
-    slice in every step: they grow the cache.  The same slots are read either way (the same
+    copy); the sampler builds it only after the decode's unstacked params (an optimization
+    barrier), else the compiler may allocate it while the FP8 weights exist twice (stacked and
+    unstacked: Qwen3-8B on v5p-8, ``mesh.fsdp=4``, 29.61 GB).  Measured by the plan
+    (docs/measurements/plan_targets.md), rollout, cache grown -> whole: Qwen3-0.6B on one v6e
+    chip 31.15 -> 27.64 GB, Qwen3-8B on v5p-8 26.96 -> 25.75 GB.  XLA CPU / GPU may copy such
+    a slice in every step: they grow the cache.  The same slots are read either way (the same
     numbers).
 
     Args:
       backend: JAX backend name; default `jax.default_backend()`.
-      mesh: the program's device mesh (None: one device).
+      mesh: the program's device mesh (None: one device); any size.
 
     Returns:
-      True on TPU with one device.
+      True on TPU.
     """
+    del mesh  # every TPU mesh since the barrier (the 8B on v5p-8 is smaller with it)
     backend = jax.default_backend() if backend is None else backend
-    return backend == "tpu" and (mesh is None or mesh.size == 1)
+    return backend == "tpu"
 
 
 def prefill(

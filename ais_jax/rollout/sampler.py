@@ -44,7 +44,8 @@ Details:
   tokens take one segment and longer budgets up to 16 equal segments, so a
   step attends to about the filled prefix (within 1/16 on average), not the
   whole cache from the first step; each segment compiles once.  The cache grows
-  per segment, or on one TPU chip is allocated once (`decode.whole_cache_default`).
+  per segment, or on TPU is allocated once (`decode.whole_cache_default`), after
+  the decode's params are prepared (an optimization barrier orders the two).
 * On CPU with unrolled layers the full-precision linear weights are
   transposed once per call to ``[in, out]`` (small-batch matmuls measured
   ~10% faster per decode step; costs one extra copy of those weights while
@@ -216,6 +217,8 @@ def _sample_impl(
     last_logits = jnp.repeat(logits[:, -1], G, axis=0)  # [B, V]
     ends = _segment_ends(N, segments) if N > 1 else []
     whole = whole_cache and bool(ends)  # the cache at its final length once (decode_lib)
+    if whole:  # the decode's params (unstacked: a copy) first, then the cache at full length
+        prepared, cache = jax.lax.optimization_barrier((prepared, cache))
     tok, lp = draw(jnp.int32(0), last_logits)
     state = _DecodeState(
         step=jnp.int32(1),
