@@ -53,34 +53,32 @@ def temp_values(path: str) -> dict[str, tuple[int, int, str]]:
     return out
 
 
-def live_at_peak(path: str) -> list[str]:
-    """The values the live-range dump lists as live at its peak."""
-    names, inside = [], False
+def _section(path: str, start: str, stop: str, pattern: re.Pattern) -> list[re.Match]:
+    """The matches of ``pattern`` on the lines of ``path`` after the line starting ``start``,
+    up to the line starting ``stop``."""
+    out, inside = [], False
     with open(path) as f:
         lines = f.readlines()
     for line in lines:
-        if line.startswith("  Live ranges at"):
+        if line.startswith(start):
             inside = True
-        elif line.startswith("  Stack trace"):
+        elif line.startswith(stop):
             break
-        elif inside and (m := _LIVE.match(line)):
-            names.append(m.group(1).removesuffix("{}"))
-    return names
+        elif inside and (m := pattern.match(line)):
+            out.append(m)
+    return out
+
+
+def live_at_peak(path: str) -> list[str]:
+    """The values the live-range dump lists as live at its peak."""
+    return [m.group(1).removesuffix("{}")
+            for m in _section(path, "  Live ranges at", "  Stack trace", _LIVE)]
 
 
 def live_ranges(path: str) -> dict[str, tuple[int, int]]:
     """``{value: (first step, last step)}`` of the live-range dump's ``BufferLiveRange``."""
-    out, inside = {}, False
-    with open(path) as f:
-        lines = f.readlines()
-    for line in lines:
-        if line.startswith("  BufferLiveRange"):
-            inside = True
-        elif line.startswith("  Live ranges at"):
-            break
-        elif inside and (m := _RANGE.match(line)):
-            out[m.group(1).removesuffix("{}")] = (int(m.group(2)), int(m.group(3)))
-    return out
+    return {m.group(1).removesuffix("{}"): (int(m.group(2)), int(m.group(3)))
+            for m in _section(path, "  BufferLiveRange", "  Live ranges at", _RANGE)}
 
 
 def live_curve(directory: str, module: str) -> dict[str, object]:
