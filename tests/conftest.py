@@ -162,7 +162,9 @@ def pytest_runtest_teardown(item, nextitem):
     """After a test's fixtures are torn down: the suite's settings back, unless this test and
     the next are marked ``xla_optimized`` and of the same module.  (A module- or
     session-scoped fixture that such a next test is the first to use is then made under XLA's
-    defaults; no marked test uses one today.)"""
+    defaults.  tests/test_pretrained.py's ``smollm2``, first used by a marked test after an
+    unmarked one, is made under the suite's: a module fixture is set up before the test's
+    function-scoped `_xla_optimized`.)"""
     try:
         return (yield)
     finally:

@@ -111,6 +111,18 @@ def sft_batch(problems: Sequence[Any], flawed: Sequence[bool], codec: PromptCode
     return toks, lm
 
 
+def _scalars_on_mesh(state: Any, params: Any) -> Any:
+    """``state`` with its scalars (the optimizer's step counts) placed replicated on the mesh
+    of ``params``, as the warm-start step returns them: made eagerly they had no mesh, so the
+    second step's arguments differed from the first's in type and the step compiled a second
+    time (the same computation).  Unchanged when ``params`` are not on a mesh."""
+    sharding = jax.tree.leaves(params)[0].sharding
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return state
+    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return jax.tree.map(lambda x: place(x, replicated) if jnp.ndim(x) == 0 else x, state)
+
+
 def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | None = None,
                check: Callable[[Any], float] | None = None,
                stop: Callable[[], Any] | None = None) -> Any:
@@ -137,7 +149,7 @@ def warm_start(run: Run, params: Any, progress: Any = None, log: WarmStartLog | 
     log.target = target
     if target > 0 and check is None:
         check = make_accuracy_check(run)
-    sft_params, sft_state = params, run.sft_optimizer.init(params)
+    sft_params, sft_state = params, _scalars_on_mesh(run.sft_optimizer.init(params), params)
     length = run.prompt_bucket + cfg.rollout.max_new_tokens
     steps = range(max(cfg.sft.steps, cfg.sft.max_steps) if target > 0 else cfg.sft.steps)
     bar = progress(steps) if progress is not None else steps
