@@ -123,3 +123,37 @@ def test_bad_values_exit_2_with_one_line(override, needle):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err
     assert needle in err, err
+
+
+@pytest.mark.slow  # ~6 s in the full suite on 2 busy cores (a fresh run: its own compile)
+def test_the_warm_start_step_compiles_once():
+    """The SFT optimizer's step counts start on the params' mesh (`_scalars_on_mesh`), so every
+    step runs the program the first one compiled; made without a mesh, they gave the second
+    step other argument types and the same step compiled again (2 compiles before the fix)."""
+    import logging
+
+    from ais_jax.training import warmstart
+
+    run = build_run(load_config(None, BASE))  # fresh: nothing of its step compiled yet
+    placed = warmstart._scalars_on_mesh(run.sft_optimizer.init(run.state.params), run.state.params)
+    mesh = jax.tree.leaves(run.state.params)[0].sharding.mesh
+    scalars = [x for x in jax.tree.leaves(placed) if jnp.ndim(x) == 0]
+    assert scalars and all(x.sharding.mesh == mesh for x in scalars)
+
+    compiles: list[str] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Compiling jit(sft_fn)"):
+                compiles.append(record.getMessage())
+
+    handler, logger = Count(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            log = WarmStartLog()
+            warm_start(run, _fresh(run), log=log)
+    finally:
+        logger.removeHandler(handler)
+    assert log.steps_run == STEPS
+    assert len(compiles) == 1, compiles
